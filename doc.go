@@ -1,0 +1,15 @@
+// Package idempotency is net/http middleware for the Idempotency-Key header.
+//
+// A client sends an unsafe request (POST or PATCH by default) with a key. The
+// middleware runs the handler once, stores the response (status, headers,
+// body) as the key's COMPLETE record and replays it to every duplicate for the
+// record's TTL. A duplicate that arrives while the original still runs gets
+// 409 Conflict, or waits for it when wait mode is on. A 5xx response or a
+// panic releases the key, so the client's retry runs the handler again.
+//
+// Records live in a Store: package memstore is the in-process store and
+// package redisstore keeps them in Redis (single node, Sentinel or Cluster).
+//
+// Without WithKeyScope, anyone who learns a key can read the response stored
+// under it: scope keys to the authenticated principal.
+package idempotency

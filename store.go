@@ -1,0 +1,162 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Store keeps idempotency records. A record is identified by a storage key
+// (derived by the middleware from the request's scope and Idempotency-Key; it
+// never contains client bytes) and is absent, IN_PROGRESS or COMPLETE:
+//
+//	acquire   absent, or COMPLETE past its TTL   -> IN_PROGRESS (fresh lease, epoch 1)
+//	steal     IN_PROGRESS whose lease expired    -> IN_PROGRESS (new lease, epoch + 1)
+//	complete  IN_PROGRESS holding the lease      -> COMPLETE, kept for the TTL from now
+//	release   IN_PROGRESS holding the lease      -> absent
+//	extend    IN_PROGRESS holding the lease      -> lease pushed forward
+//	purge     COMPLETE past TTL; IN_PROGRESS past TTL and past lease -> absent
+//
+// Acquire is the only operation that judges lease expiry; Complete, Release
+// and Extend compare the lease token only. Expiry is decided by the store's
+// own clock, so the clocks of application nodes do not matter.
+//
+// Every operation must be safe to retry with the same arguments: a call whose
+// outcome is unknown (a timeout) is retried with the same token and gives the
+// same answer as the first call would have.
+//
+// Implementations must be safe for concurrent use. Package storetest holds the
+// conformance suite every Store is expected to pass.
+type Store interface {
+	// Acquire looks up the record at req.Key and, when the caller may run the
+	// handler, takes a lease on it with req.Token. It reports one of the
+	// Outcome values in Acquisition.Outcome. A record whose fingerprint
+	// differs from req.Fingerprint is reported as Mismatch and left untouched,
+	// whatever its state. Acquire with the token that already holds the
+	// record reports Acquired (or Stolen) again, so a retried Acquire is safe.
+	//
+	// Acquire returns ErrStoreFull when the record cannot be created for lack
+	// of room. Any other error means the store could not be reached.
+	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
+
+	// Complete stores resp as the record's payload and moves the record to
+	// COMPLETE, kept for ttl from now. The record must be IN_PROGRESS and held
+	// by token, or already COMPLETE by the same token (a retried Complete);
+	// otherwise Complete returns ErrLeaseLost and changes nothing. The store
+	// must not keep a reference to resp.Header or resp.Body it may later
+	// modify; it may keep resp itself, which callers treat as immutable.
+	Complete(ctx context.Context, key, token string, resp *Response, ttl time.Duration) error
+
+	// Release deletes the record when it is IN_PROGRESS and held by token. It
+	// returns nil when there is no record (already released), and
+	// ErrLeaseLost when the record is held by another token or COMPLETE.
+	Release(ctx context.Context, key, token string) error
+
+	// Extend pushes the lease of an IN_PROGRESS record held by token to
+	// lease from now. It returns ErrLeaseLost when the record is absent,
+	// COMPLETE or held by another token.
+	Extend(ctx context.Context, key, token string, lease time.Duration) error
+
+	// Watch subscribes to the record at key: the returned channel is closed
+	// when the record is completed or released after Watch
+	// returned. A waiter calls Watch before it re-checks the record with
+	// Acquire, so no change can slip between the check and the wait. The
+	// notification is a hint: the waiter must re-check, and must bound its
+	// wait, since a notification can be lost (for example over a network).
+	// stop releases the subscription and must be called exactly once.
+	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
+}
+
+// AcquireRequest holds the arguments of Store.Acquire.
+type AcquireRequest struct {
+	// Key is the storage key: bounded, free of client bytes.
+	Key string
+	// Token is the caller's lease token, unique per attempt. A retried
+	// Acquire presents the same token.
+	Token string
+	// Fingerprint identifies the request payload; compared byte for byte.
+	Fingerprint string
+	// Lease is how long the caller holds the record without extending it.
+	Lease time.Duration
+	// TTL bounds how long an IN_PROGRESS record is kept: it is purged only
+	// once both TTL and lease have passed.
+	TTL time.Duration
+}
+
+// Outcome is what Store.Acquire found.
+type Outcome uint8
+
+const (
+	// Acquired: there was no record (or only a COMPLETE one past its TTL);
+	// the caller now holds a fresh lease and runs the handler.
+	Acquired Outcome = iota + 1
+	// Stolen: the record was IN_PROGRESS with an expired lease; the caller
+	// took it over atomically (Epoch incremented) and runs the handler.
+	Stolen
+	// Completed: the record is COMPLETE with the same fingerprint;
+	// Acquisition.Response holds the payload to replay.
+	Completed
+	// InFlight: the record is IN_PROGRESS under a live lease held by another
+	// token; Acquisition.LeaseRemaining says how long it still runs at most
+	// before it can be stolen.
+	InFlight
+	// Mismatch: the record (IN_PROGRESS or COMPLETE) was made by a request
+	// with a different fingerprint. Nothing was changed.
+	Mismatch
+)
+
+var outcomeNames = [...]string{"", "acquired", "stolen", "completed", "in_flight", "mismatch"}
+
+// String returns the outcome's lower-case name.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && o != 0 {
+		return outcomeNames[o]
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Acquisition is the result of Store.Acquire.
+type Acquisition struct {
+	Outcome Outcome
+	// Epoch counts the attempts on the record: 1 for the first lease, +1 for
+	// each steal. Reported for Acquired, Stolen and InFlight.
+	Epoch uint64
+	// LeaseRemaining is the time left on the current holder's lease, for
+	// InFlight (at least 1ms).
+	LeaseRemaining time.Duration
+	// Response is the stored payload, for Completed. Callers must not modify it.
+	Response *Response
+}
+
+// Response is the stored, replayable part of a handler's response.
+type Response struct {
+	// Status is the HTTP status code (200–599).
+	Status int
+	// Header holds the stored headers (hop-by-hop headers, Date and, unless
+	// configured, Set-Cookie are never stored).
+	Header http.Header
+	// Body is the response body; empty when BodyOmitted.
+	Body []byte
+	// BodyOmitted reports that the body exceeded the store cap and was not
+	// stored: a replay sends the status and headers with an empty body.
+	BodyOmitted bool
+}
+
+// Errors returned by stores and reported by the middleware.
+var (
+	// ErrLeaseLost is returned by Complete, Release and Extend when the caller
+	// no longer holds the record's lease (it was stolen, completed or purged),
+	// and is the cause of a handler context cancelled for that reason.
+	ErrLeaseLost = errors.New("idempotency: lease lost")
+	// ErrStoreFull is returned by Acquire when a store bounded in size has no
+	// room for a new record. The middleware answers 503.
+	ErrStoreFull = errors.New("idempotency: store full")
+	// ErrStoreClosed is returned by a store used after Close.
+	ErrStoreClosed = errors.New("idempotency: store closed")
+	// ErrCorruptRecord is returned (wrapped) by Acquire when the stored record
+	// cannot be decoded. The middleware answers 500 and neither replays nor
+	// runs the handler.
+	ErrCorruptRecord = errors.New("idempotency: corrupt record")
+)
