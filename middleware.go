@@ -97,7 +97,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	key, ok, err := requestKey(r.Header[HeaderKey])
-	rq := &request{h: h, w: w, r: r, start: start}
+	rq := &request{h: h, w: w, r: r, start: start, detached: detachedContext{r.Context()}}
 	if !ok {
 		if h.cfg.keyRequired {
 			rq.emit(EventRejected, http.StatusBadRequest, nil)
@@ -248,7 +248,6 @@ func (rq *request) execute(acq Acquisition) {
 
 	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
 	defer rec.free()
-	rq.detached.parent = rq.r.Context()
 	storeCtx := &rq.detached
 
 	panicked := true
