@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -124,9 +122,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
+	storageKey, token := storageKeyAndToken(scope, key)
 	rq.acq = AcquireRequest{
-		Key:         StorageKey(scope, key),
-		Token:       newToken(),
+		Key:         storageKey,
+		Token:       token,
 		Fingerprint: h.cfg.fingerprint(r, body),
 		Lease:       h.cfg.lease,
 		TTL:         h.cfg.ttl,
@@ -398,15 +397,6 @@ func (hb *heartbeat) beat() {
 		}
 		hb.timer.Reset(next)
 	}
-}
-
-// newToken returns a fresh random lease token.
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
-	var out [32]byte
-	hex.Encode(out[:], b[:])
-	return string(out[:])
 }
 
 // bodyReader replaces the request body the middleware read, so that the
