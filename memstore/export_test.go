@@ -1,5 +1,7 @@
 package memstore
 
+import "hash/maphash"
+
 // Sweep runs one purge pass now, as the background sweep does.
 func (s *Store) Sweep() { s.purgeAll() }
 
@@ -13,4 +15,9 @@ func (s *Store) WatchedKeys() int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// ShardOf returns the index of key's shard.
+func (s *Store) ShardOf(key string) int {
+	return int(maphash.String(s.seed, key) & (shardCount - 1))
 }

@@ -195,8 +195,13 @@ func TestMaxEntries(t *testing.T) {
 	// Expired records make room, wherever their shard.
 	clock.Advance(time.Second)
 	wantOutcome(t, acquire(t, s, "new", "n", "fp", time.Hour, time.Minute), idempotency.Acquired, 1)
+	// Acquire purged at least the expired records of its own shard.
+	if n := s.Len(); n < 6 || n > 10 {
+		t.Fatalf("Len = %d, want 6 to 10", n)
+	}
+	s.Sweep()
 	if n := s.Len(); n != 6 {
-		t.Fatalf("Len = %d, want 6", n)
+		t.Fatalf("Len = %d after a sweep, want 6", n)
 	}
 	// The IN_PROGRESS records past their TTL but under a live lease stay.
 	for i := 5; i < 10; i++ {
@@ -213,6 +218,31 @@ func TestMaxEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOutcome(t, acquire(t, s, "last", "l", "fp", time.Hour, time.Minute), idempotency.Acquired, 1)
+}
+
+func TestFullStorePurgesOtherShards(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t, memstore.WithMaxEntries(1))
+	ctx := context.Background()
+	wantOutcome(t, acquire(t, s, "old", "t", "fp", time.Hour, time.Hour), idempotency.Acquired, 1)
+	if err := s.Complete(ctx, "old", "t", okResponse, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprint("new", i); s.ShardOf(k) != s.ShardOf("old") {
+			other = k
+		}
+	}
+	req := idempotency.AcquireRequest{Key: other, Token: "n", Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour}
+	if _, err := s.Acquire(ctx, req); !errors.Is(err, idempotency.ErrStoreFull) {
+		t.Fatalf("Acquire with a live COMPLETE record filling the store: %v, want ErrStoreFull", err)
+	}
+	clock.Advance(time.Second)
+	wantOutcome(t, acquire(t, s, other, "n", "fp", time.Hour, time.Hour), idempotency.Acquired, 1)
+	if n := s.Len(); n != 1 {
+		t.Fatalf("Len = %d, want 1", n)
+	}
 }
 
 func TestMaxEntriesConcurrent(t *testing.T) {

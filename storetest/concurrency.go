@@ -62,8 +62,8 @@ var concurrencyCases = []testCase{
 	}},
 	{"Steal", func(t *testing.T, h *harness) {
 		key := newKey()
-		start := time.Now()
 		h.acquireWant(req(key, newToken(), "fp", shortLease, longTTL), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(shortLease))
 		as := race(t, racers, func(int) (idempotency.Acquisition, error) {
 			return h.s.Acquire(h.ctx(), req(key, newToken(), "fp", longLease, longTTL))
@@ -85,12 +85,11 @@ var concurrencyCases = []testCase{
 		const keys, thieves = 20, 10
 		type round struct{ key, stale string }
 		rounds := make([]round, keys)
-		start := time.Now()
 		for i := range rounds {
 			rounds[i] = round{newKey(), newToken()}
 			h.acquireWant(req(rounds[i].key, rounds[i].stale, "fp", shortLease, longTTL), idempotency.Acquired, 1)
 		}
-		sleepUntil(start.Add(shortLease))
+		sleepUntil(time.Now().Add(shortLease))
 
 		type result struct {
 			round, who int // who: -1 for the stale owner

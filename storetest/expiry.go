@@ -30,8 +30,8 @@ var ttlCases = []testCase{
 		// The IN_PROGRESS TTL does not cap the COMPLETE record's TTL.
 		key, owner := newKey(), newToken()
 		const ttl = 80 * time.Millisecond
-		start := time.Now()
 		h.acquireWant(req(key, owner, "fp", longLease, ttl), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(ttl))
 		h.complete(key, owner, sampleResponse("a"), longTTL)
 		sleepUntil(start.Add(2 * ttl))
@@ -54,8 +54,8 @@ var purgeCases = []testCase{
 		// An IN_PROGRESS record is never purged from under a live lease.
 		key, owner := newKey(), newToken()
 		const ttl = 50 * time.Millisecond
-		start := time.Now()
 		h.acquireWant(req(key, owner, "fp-1", longLease, ttl), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(2 * ttl))
 		h.acquireWant(req(key, newToken(), "fp-1", longLease, longTTL), idempotency.InFlight, 1)
 		h.acquireWant(req(key, newToken(), "fp-2", longLease, longTTL), idempotency.Mismatch, 0)
@@ -71,7 +71,7 @@ var purgeCases = []testCase{
 		const lease, ttl = 50 * time.Millisecond, 500 * time.Millisecond
 		start := time.Now()
 		h.acquireWant(req(key, newToken(), "fp-1", lease, ttl), idempotency.Acquired, 1)
-		sleepUntil(start.Add(lease))
+		sleepUntil(time.Now().Add(lease))
 		h.acquireWant(req(key, newToken(), "fp-2", longLease, longTTL), idempotency.Mismatch, 0)
 		if elapsed := time.Since(start); elapsed >= ttl {
 			t.Skipf("machine too slow: %v passed, the TTL is %v", elapsed, ttl)
@@ -87,8 +87,8 @@ var purgeCases = []testCase{
 		// epoch 1 rather than stealing.
 		key := newKey()
 		const lease, ttl = 40 * time.Millisecond, 60 * time.Millisecond
-		start := time.Now()
 		h.acquireWant(req(key, newToken(), "fp", lease, ttl), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(ttl))
 		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.Acquired, 1)
 	}},
@@ -96,8 +96,8 @@ var purgeCases = []testCase{
 		// An extended lease keeps the record past its TTL.
 		key, owner := newKey(), newToken()
 		const ttl = 60 * time.Millisecond
-		start := time.Now()
 		h.acquireWant(req(key, owner, "fp-1", ttl, ttl), idempotency.Acquired, 1)
+		start := time.Now()
 		if err := h.s.Extend(h.ctx(), key, owner, longLease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}

@@ -10,8 +10,8 @@ import (
 var extendCases = []testCase{
 	{"PushesLease", func(t *testing.T, h *harness) {
 		key, owner := newKey(), newToken()
-		start := time.Now()
 		h.acquireWant(req(key, owner, "fp", shortLease, longTTL), idempotency.Acquired, 1)
+		start := time.Now()
 		if err := h.s.Extend(h.ctx(), key, owner, longLease); err != nil {
 			t.Fatalf("Extend by the holder: %v", err)
 		}

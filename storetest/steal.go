@@ -39,8 +39,8 @@ var stealCases = []testCase{
 		// An expired lease under another fingerprint is a mismatch, not a
 		// record to take over.
 		key := newKey()
-		start := time.Now()
 		h.acquireWant(req(key, newToken(), "fp-1", shortLease, longTTL), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(shortLease))
 		h.acquireWant(req(key, newToken(), "fp-2", longLease, longTTL), idempotency.Mismatch, 0)
 		h.acquireWant(req(key, newToken(), "fp-2", longLease, longTTL), idempotency.Mismatch, 0)
@@ -94,8 +94,8 @@ var fencingCases = []testCase{
 		// Only Acquire judges expiry: a holder whose lease ran out but was
 		// not taken over may still complete.
 		key, owner := newKey(), newToken()
-		start := time.Now()
 		h.acquireWant(req(key, owner, "fp", shortLease, longTTL), idempotency.Acquired, 1)
+		start := time.Now()
 		sleepUntil(start.Add(shortLease))
 		h.complete(key, owner, sampleResponse("late"), longTTL)
 		h.wantReplay(key, "fp", sampleResponse("late"))

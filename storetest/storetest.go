@@ -200,15 +200,15 @@ func (h *harness) wantReplay(key, fp string, want *idempotency.Response) {
 
 // poll calls Acquire with r until its outcome is want, failing the subtest
 // on any outcome not in before or when waitBound passes. It returns the
-// acquisition and the time the call that saw want started.
+// acquisition and the time the call that saw want returned: the store
+// observed want no later than that.
 func (h *harness) poll(r idempotency.AcquireRequest, want idempotency.Outcome, before ...idempotency.Outcome) (idempotency.Acquisition, time.Time) {
 	h.t.Helper()
 	deadline := time.Now().Add(waitBound)
 	for {
-		start := time.Now()
 		a := h.acquire(r)
 		if a.Outcome == want {
-			return a, start
+			return a, time.Now()
 		}
 		if !slices.Contains(before, a.Outcome) {
 			h.t.Fatalf("while waiting for %v: Acquire outcome %v (acquisition %+v)", want, a.Outcome, a)
@@ -224,7 +224,8 @@ func (h *harness) poll(r idempotency.AcquireRequest, want idempotency.Outcome, b
 	}
 }
 
-// sleepUntil sleeps until t, plus a small margin for clock granularity.
+// sleepUntil sleeps until t, plus a small margin for clock granularity. To
+// wait out a lease or TTL, t counts from when the call that set it returned.
 func sleepUntil(t time.Time) {
 	time.Sleep(time.Until(t) + 15*time.Millisecond)
 }
