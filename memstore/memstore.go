@@ -5,8 +5,18 @@
 // for each other and replays of one key proceed in parallel. The store is
 // bounded (WithMaxEntries) and never evicts a live record to make room: when
 // it is full of live records, Acquire of a new key returns
-// idempotency.ErrStoreFull. Expired records count as absent at once and are
-// purged by a background sweep (WithSweepInterval) that Close stops.
+// idempotency.ErrStoreFull.
+//
+// A COMPLETE record expires when its TTL has passed, an IN_PROGRESS record
+// when both its TTL and its lease have. An expired record is absent to every
+// operation from that instant, whether or not it has been purged yet:
+// Acquire creates a fresh record (epoch 1), Complete and Extend return
+// idempotency.ErrLeaseLost and Release returns nil. A background sweep
+// (WithSweepInterval) frees the memory of expired records; Close stops it.
+//
+// Each record costs about 280 bytes beyond its response (key, token and
+// fingerprint of typical sizes, the record and its index entry); see
+// BenchmarkRecordMemory.
 //
 // Records are lost when the process exits, and are not shared between
 // processes: use it for a single instance, for tests and for development.

@@ -87,6 +87,33 @@ func TestExpiryOnFakeClock(t *testing.T) {
 	}
 }
 
+func TestExpiredRecordIsAbsentToHolder(t *testing.T) {
+	t.Parallel()
+	s, clock := newStore(t, memstore.WithSweepInterval(time.Hour))
+	ctx := context.Background()
+	wantOutcome(t, acquire(t, s, "k", "a", "fp", time.Second, 2*time.Second), idempotency.Acquired, 1)
+	wantOutcome(t, acquire(t, s, "j", "a", "fp", time.Second, 2*time.Second), idempotency.Acquired, 1)
+	clock.Advance(time.Second)
+	// Lease over, TTL not: still the holder's record.
+	if err := s.Extend(ctx, "k", "a", time.Second); err != nil {
+		t.Fatalf("Extend after the lease, before the TTL: %v", err)
+	}
+	clock.Advance(time.Second)
+	// k: lease and TTL both end now. j: expired a second ago.
+	for _, key := range []string{"k", "j"} {
+		if err := s.Complete(ctx, key, "a", okResponse, time.Hour); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("Complete of expired %s: %v, want ErrLeaseLost", key, err)
+		}
+		if err := s.Extend(ctx, key, "a", time.Hour); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("Extend of expired %s: %v, want ErrLeaseLost", key, err)
+		}
+		if err := s.Release(ctx, key, "a"); err != nil {
+			t.Fatalf("Release of expired %s: %v, want nil", key, err)
+		}
+		wantOutcome(t, acquire(t, s, key, "b", "other", time.Second, time.Second), idempotency.Acquired, 1)
+	}
+}
+
 func TestHolderRetryPushesLease(t *testing.T) {
 	t.Parallel()
 	s, clock := newStore(t)
