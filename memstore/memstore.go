@@ -144,6 +144,8 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, req.TTL)
 	}
 	sh := s.shard(req.Key)
+	// One reading of the clock serves the whole call.
+	now := s.now()
 
 	// Replays, duplicates in flight and mismatches only read the record.
 	sh.mu.RLock()
@@ -152,7 +154,6 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, idempotency.ErrStoreClosed
 	}
 	if rec, ok := sh.records[req.Key]; ok {
-		now := s.now()
 		if rec.live(now) {
 			if a, ok := observe(&rec, req, now); ok {
 				sh.mu.RUnlock()
@@ -162,11 +163,11 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	sh.mu.RUnlock()
 
-	a, err := s.acquire(sh, req)
+	a, err := s.acquire(sh, req, now)
 	if err == errNoRoom {
 		// Make room in other shards, one at a time, then try once more.
 		s.purgeAll()
-		a, err = s.acquire(sh, req)
+		a, err = s.acquire(sh, req, s.now())
 		if err == errNoRoom {
 			err = idempotency.ErrStoreFull
 		}
@@ -192,14 +193,13 @@ func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempote
 	return idempotency.Acquisition{}, false
 }
 
-// acquire is Acquire under the shard's write lock.
-func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+// acquire is Acquire under the shard's write lock, at the instant now.
+func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if s.closed.Load() {
 		return idempotency.Acquisition{}, idempotency.ErrStoreClosed
 	}
-	now := s.now()
 	rec, ok := sh.records[req.Key]
 	if ok && rec.live(now) {
 		if a, ok := observe(&rec, req, now); ok {
