@@ -8,7 +8,7 @@
 //	go run ./examples/retrying-client -n 20 -drop 0.3
 //
 // The client starts an in-process loopback proxy in front of the server that,
-// with probability -drop, hangs up after the server has started answering: the
+// with probability -drop, hangs up after the server has answered: the
 // payment ran but its answer is lost. client.Transport retries with the same
 // key, and the server replays the stored answer. The command prints each
 // payment's key, attempts and whether the answer was a replay, compares the

@@ -10,8 +10,8 @@ import (
 
 // flakyProxy is a loopback TCP proxy that loses answers: for each connection
 // it forwards the request to the target and, with probability drop, closes
-// the client's connection as soon as the target starts answering, so the
-// request has run but its answer never arrives.
+// the client's connection once the target has answered, without relaying the
+// answer: the request has run but its answer never arrives.
 type flakyProxy struct {
 	ln      net.Listener
 	target  string
@@ -125,10 +125,11 @@ func (p *flakyProxy) handle(client net.Conn) {
 	}()
 
 	if drop {
-		// Wait for the first byte of the answer: the request has been
-		// handled. Then hang up on the client without relaying it.
-		var b [1]byte
-		if n, _ := server.Read(b[:]); n > 0 {
+		// Read the whole answer, which the server ends by closing the
+		// connection (the client does not keep connections alive): by then
+		// the server has finished with the request. Then hang up on the
+		// client without relaying any of it.
+		if n, _ := io.Copy(io.Discard, server); n > 0 {
 			p.dropped.Add(1)
 		}
 		return
