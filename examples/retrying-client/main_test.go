@@ -10,6 +10,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/memstore"
 )
 
 // paymentsAPI is the chi-server's API without any idempotency: every POST
@@ -76,6 +79,43 @@ func TestProxyRelaysWhenNotDropping(t *testing.T) {
 	}
 	if proxy.Dropped() != 0 {
 		t.Errorf("dropped %d", proxy.Dropped())
+	}
+}
+
+// protected wraps paymentsAPI's POST /payments in the middleware, configured
+// as examples/chi-server does.
+func protected(t *testing.T, executed *atomic.Int64) http.Handler {
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	idem := idempotency.New(store,
+		idempotency.WithKeyRequired(true),
+		idempotency.WithKeyScope(func(r *http.Request) string { return r.Header.Get("X-User") }),
+	)
+	api := paymentsAPI(executed)
+	pay := idem(api)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			pay.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
+}
+
+func TestExactlyOnceThroughLostAnswers(t *testing.T) {
+	var executed atomic.Int64
+	srv := httptest.NewServer(protected(t, &executed))
+	t.Cleanup(srv.Close)
+	var out strings.Builder
+	err := run(context.Background(), []string{"-server", srv.URL, "-n", "12", "-drop", "0.5", "-seed", "3"}, &out)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "server executed 12 payments for 12 sent") || executed.Load() != 12 {
+		t.Errorf("executed %d; output:\n%s", executed.Load(), out.String())
+	}
+	if !strings.Contains(out.String(), "yes") || strings.Contains(out.String(), " 0 answers lost") {
+		t.Errorf("no answer was lost and replayed; output:\n%s", out.String())
 	}
 }
 
