@@ -739,3 +739,42 @@ func TestInfoOnSuccess(t *testing.T) {
 		t.Errorf("Replayed %v Attempts %d", Replayed(resp), Attempts(resp))
 	}
 }
+
+func TestTransportTimeoutIsRetriedCallerTimeoutIsNot(t *testing.T) {
+	release := make(chan struct{})
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		if calls.Add(1) == 1 {
+			<-release // the first attempt never gets an answer in time
+		}
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+
+	t.Run("transport's own timeout", func(t *testing.T) {
+		base := &http.Transport{ResponseHeaderTimeout: 50 * time.Millisecond}
+		t.Cleanup(base.CloseIdleConnections)
+		tr := newTestTransport(base, newFakeClock())
+		resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readBody(t, resp)
+		if resp.StatusCode != 201 || Attempts(resp) != 2 {
+			t.Errorf("got %d after %d attempts, want 201 after 2", resp.StatusCode, Attempts(resp))
+		}
+	})
+	t.Run("caller's deadline", func(t *testing.T) {
+		calls.Store(0)
+		tr := newTestTransport(nil, newFakeClock())
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		info := &Info{}
+		_, err := tr.RoundTrip(post(t, WithInfo(ctx, info), srv.URL, "x"))
+		if !errors.Is(err, context.DeadlineExceeded) || info.Attempts != 1 {
+			t.Errorf("err = %v after %d attempts, want the deadline after 1", err, info.Attempts)
+		}
+	})
+}
