@@ -19,7 +19,7 @@ type FingerprintFunc func(r *http.Request, body []byte) string
 func DefaultFingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
 	var n [8]byte
-	for _, s := range [...]string{r.Method, r.URL.Path, r.URL.RawQuery} {
+	for _, s := range [...]string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
 		h.Write(n[:])
 		io.WriteString(h, s)

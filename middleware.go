@@ -255,7 +255,9 @@ func (rq *request) execute(acq Acquisition) {
 	hb.stop()
 	rec.finish()
 
-	if rec.hijacked || rq.h.cfg.releaseStatus(rec.status) {
+	// 1xx finals (101 Switching Protocols) and hijacked connections cannot
+	// be replayed.
+	if rec.hijacked || rec.status < 200 || rq.h.cfg.releaseStatus(rec.status) {
 		if err := rq.h.store.Release(storeCtx, rq.acq.Key, rq.acq.Token); err != nil {
 			rq.storeFailed(err, "release", hb)
 		}
@@ -284,7 +286,7 @@ func (rq *request) execute(acq Acquisition) {
 // heartbeat reported already is not reported again.
 func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 	if errors.Is(err, ErrLeaseLost) {
-		if !hb.lostReported() {
+		if hb.lost == nil {
 			rq.emit(EventLeaseLost, 0, err)
 		}
 		return
@@ -296,15 +298,19 @@ func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 // beat comes only for handlers that outlive a third of the lease. When the
 // lease is lost (stolen, or not extended for a whole lease) it cancels the
 // handler's context with a cause wrapping ErrLeaseLost.
+//
+// The heartbeat calls no user code (observer, logger, route function) from
+// its goroutine: stop returns what happened and execute reports it.
 type heartbeat struct {
 	rq     *request
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
 
-	mu      sync.Mutex
-	stopped bool
-	lost    bool
-	lastOK  time.Time
+	mu        sync.Mutex
+	stopped   bool
+	lastOK    time.Time
+	lost      error // the cause the handler's context was cancelled with
+	extendErr error // the last failed extend, when the lease survived it
 }
 
 func (hb *heartbeat) start() {
@@ -313,17 +319,31 @@ func (hb *heartbeat) start() {
 	hb.mu.Unlock()
 }
 
-func (hb *heartbeat) lostReported() bool {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return hb.lost
-}
-
+// stop ends the heartbeat and reports a lost lease or failed extends. After
+// stop, hb.lost and hb.extendErr are no longer written.
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	hb.stopped = true
 	hb.mu.Unlock()
 	hb.timer.Stop()
+	switch {
+	case hb.lostCause() != nil:
+		hb.rq.emit(EventLeaseLost, 0, hb.lost)
+	case hb.lastExtendErr() != nil:
+		hb.rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", hb.extendErr))
+	}
+}
+
+func (hb *heartbeat) lostCause() error {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.lost
+}
+
+func (hb *heartbeat) lastExtendErr() error {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.extendErr
 }
 
 func (hb *heartbeat) beat() {
@@ -347,16 +367,14 @@ func (hb *heartbeat) beat() {
 		hb.lastOK = now
 		hb.timer.Reset(lease / 3)
 	case errors.Is(err, ErrLeaseLost):
-		hb.stopped, hb.lost = true, true
+		hb.stopped, hb.lost = true, err
 		hb.cancel(err)
-		rq.emit(EventLeaseLost, 0, err)
 	case now.Sub(hb.lastOK) >= lease:
-		hb.stopped, hb.lost = true, true
-		cause := fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
-		hb.cancel(cause)
-		rq.emit(EventLeaseLost, 0, cause)
+		hb.stopped = true
+		hb.lost = fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
+		hb.cancel(hb.lost)
 	default:
-		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", err))
+		hb.extendErr = err
 		next := lease / 3
 		if left := lease - now.Sub(hb.lastOK); left < next {
 			next = left
