@@ -21,9 +21,9 @@
 // honouring Retry-After, within WithMaxAttempts and WithMaxElapsed and the
 // request's context. Other requests pass through untouched.
 //
-// Attempts and Replayed report, for a response, how many attempts were made
-// and whether the server replayed a stored answer; WithInfo collects the same
-// facts, and the key, for calls that end in an error.
+// Attempts, Replayed and Key report, for a response, how many attempts were
+// made, whether the server replayed a stored answer and which key was sent;
+// WithInfo collects the same facts for calls that end in an error.
 //
 // Only point a Transport at servers that honour Idempotency-Key: against a
 // server that ignores the header, a retry after a lost answer executes the
