@@ -47,14 +47,31 @@ func (h *handler) covers(method string) bool {
 	return slices.Contains(h.cfg.methods, method)
 }
 
-// request is the state of one covered request with a key.
+// request is the state of one covered request with a key. The parts a
+// request needs are fields, so that it is one allocation.
 type request struct {
 	h     *handler
 	w     http.ResponseWriter
 	r     *http.Request
 	start time.Time
 	acq   AcquireRequest
+
+	body     bodyReader      // replaces r.Body
+	hb       heartbeat       // while the handler runs
+	detached detachedContext // for store calls after the handler
 }
+
+// detachedContext carries the request's values without its cancellation:
+// store calls after the handler must not fail because the client went away,
+// since the handler's effect happened and its record must be written. It is
+// context.WithoutCancel, as a field.
+type detachedContext struct{ parent context.Context }
+
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (d *detachedContext) Value(key any) any        { return d.parent.Value(key) }
+func (d *detachedContext) String() string           { return "idempotency.detachedContext" }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
 	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.acq.Key, Status: status, Err: err}
@@ -78,8 +95,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	rq := &request{h: h, w: w, r: r, start: time.Now()}
+	start := time.Now()
 	key, ok, err := requestKey(r.Header[HeaderKey])
+	rq := &request{h: h, w: w, r: r, start: start}
 	if !ok {
 		if h.cfg.keyRequired {
 			rq.emit(EventRejected, http.StatusBadRequest, nil)
@@ -95,7 +113,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, status, code, detail := readBody(r, h.cfg.maxRequestBody)
+	body, status, code, detail := readBody(r, h.cfg.maxRequestBody, &rq.body)
 	if status != 0 {
 		rq.emit(EventRejected, status, nil)
 		rq.problem(status, code, detail, 0)
@@ -224,14 +242,14 @@ func (rq *request) execute(acq Acquisition) {
 	}
 	ctx, cancel := context.WithCancelCause(rq.r.Context())
 	defer cancel(nil)
-	hb := &heartbeat{rq: rq, cancel: cancel, lastOK: time.Now()}
+	hb := &rq.hb
+	*hb = heartbeat{rq: rq, cancel: cancel, lastOK: time.Now()}
 	hb.start()
 
 	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
 	defer rec.free()
-	// Store calls after the handler must not fail because the client went
-	// away: the handler's effect happened and its record must be written.
-	storeCtx := context.WithoutCancel(rq.r.Context())
+	rq.detached.parent = rq.r.Context()
+	storeCtx := &rq.detached
 
 	panicked := true
 	defer func() {
@@ -355,7 +373,7 @@ func (hb *heartbeat) beat() {
 	}
 	rq := hb.rq
 	lease := rq.h.cfg.lease
-	err := rq.h.store.Extend(context.WithoutCancel(rq.r.Context()), rq.acq.Key, rq.acq.Token, lease)
+	err := rq.h.store.Extend(&rq.detached, rq.acq.Key, rq.acq.Token, lease)
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if hb.stopped {
@@ -413,7 +431,7 @@ func (br *bodyReader) Close() error { return nil }
 // readBody reads the request body (at most limit bytes) and replaces r.Body
 // with a reader over what was read. A non-zero status means the request is
 // refused with that status.
-func readBody(r *http.Request, limit int64) (body []byte, status int, code Code, detail string) {
+func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, status int, code Code, detail string) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, "", ""
 	}
@@ -449,6 +467,7 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, code Code,
 			return nil, http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read"
 		}
 	}
-	r.Body = &bodyReader{b: b}
+	*dst = bodyReader{b: b}
+	r.Body = dst
 	return b, 0, "", ""
 }
