@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -58,6 +59,11 @@ const storageKeyDomain = "idempotency/v1/storage-key\x00"
 // length-prefixed under a fixed domain. It is 64 bytes long whatever the
 // input and holds no client bytes, so stores can use it in key names.
 func StorageKey(scope, key string) string {
+	var out [2 * sha256.Size]byte
+	return string(appendStorageKey(out[:0], scope, key))
+}
+
+func appendStorageKey(dst []byte, scope, key string) []byte {
 	var buf [len(storageKeyDomain) + 16 + 2*MaxKeyLen]byte
 	b := append(buf[:0], storageKeyDomain...)
 	b = binary.BigEndian.AppendUint64(b, uint64(len(scope)))
@@ -65,7 +71,20 @@ func StorageKey(scope, key string) string {
 	b = binary.BigEndian.AppendUint64(b, uint64(len(key)))
 	b = append(b, key...)
 	sum := sha256.Sum256(b)
-	var out [2 * sha256.Size]byte
-	hex.Encode(out[:], sum[:])
-	return string(out[:])
+	return hex.AppendEncode(dst, sum[:])
 }
+
+// storageKeyAndToken returns the storage key of (scope, key) and a fresh
+// random lease token, built in one allocation.
+func storageKeyAndToken(scope, key string) (storageKey, token string) {
+	var out [2*sha256.Size + 2*tokenBytes]byte
+	b := appendStorageKey(out[:0], scope, key)
+	var t [tokenBytes]byte
+	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (Go 1.24)
+	b = hex.AppendEncode(b, t[:])
+	s := string(b)
+	return s[:2*sha256.Size], s[2*sha256.Size:]
+}
+
+// tokenBytes is the size of a lease token's randomness.
+const tokenBytes = 16

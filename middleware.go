@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -97,7 +95,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	key, ok, err := requestKey(r.Header[HeaderKey])
-	rq := &request{h: h, w: w, r: r, start: start}
+	rq := &request{h: h, w: w, r: r, start: start, detached: detachedContext{r.Context()}}
 	if !ok {
 		if h.cfg.keyRequired {
 			rq.emit(EventRejected, http.StatusBadRequest, nil)
@@ -124,9 +122,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
+	storageKey, token := storageKeyAndToken(scope, key)
 	rq.acq = AcquireRequest{
-		Key:         StorageKey(scope, key),
-		Token:       newToken(),
+		Key:         storageKey,
+		Token:       token,
 		Fingerprint: h.cfg.fingerprint(r, body),
 		Lease:       h.cfg.lease,
 		TTL:         h.cfg.ttl,
@@ -248,7 +247,6 @@ func (rq *request) execute(acq Acquisition) {
 
 	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
 	defer rec.free()
-	rq.detached.parent = rq.r.Context()
 	storeCtx := &rq.detached
 
 	panicked := true
@@ -399,15 +397,6 @@ func (hb *heartbeat) beat() {
 		}
 		hb.timer.Reset(next)
 	}
-}
-
-// newToken returns a fresh random lease token.
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
-	var out [32]byte
-	hex.Encode(out[:], b[:])
-	return string(out[:])
 }
 
 // bodyReader replaces the request body the middleware read, so that the
