@@ -37,6 +37,11 @@ type handler struct {
 	next  http.Handler
 }
 
+// conflictRetryAfter is the Retry-After of a 409. The original usually ends
+// well before its lease would, and a retry costs one store round trip, so
+// clients are told to come back soon rather than when the lease runs out.
+const conflictRetryAfter = time.Second
+
 // completeAttempts bounds the retries of a Complete whose outcome is unknown
 // (a store error); each retry presents the same lease.
 const completeAttempts = 3
@@ -162,7 +167,7 @@ func (rq *request) serve(acq Acquisition) {
 	case InFlight:
 		rq.emit(EventConflict, http.StatusConflict, nil)
 		rq.problem(http.StatusConflict, CodeInFlight,
-			"a request with this Idempotency-Key is still being processed; retry later", acq.LeaseRemaining)
+			"a request with this Idempotency-Key is still being processed; retry later", conflictRetryAfter)
 	case Mismatch:
 		rq.emit(EventMismatch, http.StatusUnprocessableEntity, nil)
 		rq.problem(http.StatusUnprocessableEntity, CodeFingerprintMismatch,
