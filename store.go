@@ -20,8 +20,11 @@ import (
 //	purge     COMPLETE past TTL; IN_PROGRESS past TTL and past lease -> absent
 //
 // Acquire is the only operation that judges lease expiry; Complete, Release
-// and Extend compare the lease token only. Expiry is decided by the store's
-// own clock, so the clocks of application nodes do not matter.
+// and Extend compare the lease token only. An expired record (COMPLETE past
+// its TTL, IN_PROGRESS past both TTL and lease) is absent to every operation
+// from that instant, purged or not. Expiry is decided by the store's own
+// clock, so the clocks of application nodes do not matter. Acquire and steal
+// both start the record's TTL afresh.
 //
 // Every operation must be safe to retry with the same arguments: a call whose
 // outcome is unknown (a timeout) is retried with the same token and gives the
@@ -35,7 +38,8 @@ type Store interface {
 	// Outcome values in Acquisition.Outcome. A record whose fingerprint
 	// differs from req.Fingerprint is reported as Mismatch and left untouched,
 	// whatever its state. Acquire with the token that already holds the
-	// record reports Acquired (or Stolen) again, so a retried Acquire is safe.
+	// record reports Acquired (or Stolen) again, with the same epoch, so a
+	// retried Acquire is safe; it never shortens the lease.
 	//
 	// Acquire returns ErrStoreFull when the record cannot be created for lack
 	// of room. Any other error means the store could not be reached.
@@ -44,7 +48,8 @@ type Store interface {
 	// Complete stores resp as the record's payload and moves the record to
 	// COMPLETE, kept for ttl from now. The record must be IN_PROGRESS and held
 	// by token, or already COMPLETE by the same token (a retried Complete);
-	// otherwise Complete returns ErrLeaseLost and changes nothing. The store
+	// otherwise Complete returns ErrLeaseLost and changes nothing. A retried
+	// Complete keeps the payload of the first. The store
 	// must not keep a reference to resp.Header or resp.Body it may later
 	// modify; it may keep resp itself, which callers treat as immutable.
 	Complete(ctx context.Context, key, token string, resp *Response, ttl time.Duration) error
@@ -64,7 +69,8 @@ type Store interface {
 	// returned. A waiter calls Watch before it re-checks the record with
 	// Acquire, so no change can slip between the check and the wait. The
 	// notification is a hint: the waiter must re-check, and must bound its
-	// wait, since a notification can be lost (for example over a network).
+	// wait, since a notification can be lost (for example over a network),
+	// and a steal or an expiry need not notify.
 	// stop releases the subscription and must be called exactly once.
 	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
 }
