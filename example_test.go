@@ -1,0 +1,99 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/memstore"
+)
+
+// The middleware wraps a plain net/http handler: the first request with a key
+// runs it, a duplicate gets the stored response.
+func Example() {
+	store := memstore.New()
+	defer store.Close()
+
+	charges := 0
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge #%d", charges)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", idempotency.New(store)(charge))
+
+	for i := 0; i < 2; i++ {
+		req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(`{"amount":100}`))
+		req.Header.Set("Idempotency-Key", "order-42")
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		body, _ := io.ReadAll(rec.Body)
+		fmt.Printf("%d %s replayed=%q\n", rec.Code, body, rec.Header().Get("Idempotent-Replayed"))
+	}
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 charge #1 replayed=""
+	// 201 charge #1 replayed="true"
+	// charges: 1
+}
+
+// With chi, each route can have its own options: here keys are required,
+// scoped to the user and kept for an hour on POST /payments.
+func Example_chi() {
+	store := memstore.New()
+	defer store.Close()
+
+	r := chi.NewRouter()
+	perUser := idempotency.WithKeyScope(func(r *http.Request) string { return r.Header.Get("X-User") })
+	r.With(idempotency.New(store, perUser, idempotency.WithKeyRequired(true), idempotency.WithTTL(time.Hour))).
+		Post("/payments", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+		})
+
+	req := httptest.NewRequest(http.MethodPost, "/payments", nil)
+	req.Header.Set("X-User", "alice")
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, req)
+	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
+	// Output:
+	// 400 application/problem+json
+}
+
+// WithObserver reports every outcome, for counting in a metrics system.
+func ExampleWithObserver() {
+	store := memstore.New()
+	defer store.Close()
+
+	counts := map[string]int{}
+	mw := idempotency.New(store, idempotency.WithObserver(func(e idempotency.Event) {
+		counts[e.Kind.String()]++ // use a concurrency-safe counter in production
+	}))
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, body := range []string{"a", "a", "b"} {
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "k")
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	fmt.Println(counts)
+	// Output:
+	// map[executed:1 mismatch:1 replayed:1]
+}
+
+// ParseKey accepts the draft standard's quoted form and the bare form.
+func ExampleParseKey() {
+	for _, v := range []string{`"order-42"`, `order-42`, `"unterminated`} {
+		key, err := idempotency.ParseKey(v)
+		fmt.Printf("%q %v\n", key, err)
+	}
+	// Output:
+	// "order-42" <nil>
+	// "order-42" <nil>
+	// "" idempotency: invalid key: bad quoting: a quoted key must end with '"' and escape only '"' and '\'
+}

@@ -1,0 +1,202 @@
+package idempotency
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Option configures the middleware returned by New.
+type Option func(*config)
+
+type config struct {
+	ttl             time.Duration
+	lease           time.Duration
+	wait            time.Duration
+	methods         []string
+	keyRequired     bool
+	keyScope        func(*http.Request) string
+	fingerprint     FingerprintFunc
+	maxRequestBody  int64
+	maxResponseBody int
+	storeSetCookie  bool
+	releaseStatus   func(int) bool
+	failOpen        bool
+	errorHandler    ErrorHandler
+	observer        func(Event)
+	logger          *slog.Logger
+	route           func(*http.Request) string
+}
+
+func defaultConfig() config {
+	return config{
+		ttl:             24 * time.Hour,
+		lease:           10 * time.Second,
+		methods:         []string{http.MethodPost, http.MethodPatch},
+		fingerprint:     DefaultFingerprint,
+		maxRequestBody:  1 << 20,
+		maxResponseBody: 1 << 20,
+		releaseStatus:   func(status int) bool { return status >= 500 },
+		errorHandler:    WriteProblem,
+		route:           func(r *http.Request) string { return r.Pattern },
+	}
+}
+
+// WithTTL sets how long a COMPLETE record is replayed, counted from
+// completion. It also bounds an abandoned IN_PROGRESS record, which is purged
+// once both its TTL and its lease have passed.
+// Default: 24h.
+func WithTTL(d time.Duration) Option {
+	if d <= 0 {
+		panic("idempotency: WithTTL needs a positive duration")
+	}
+	return func(c *config) { c.ttl = d }
+}
+
+// WithLease sets the lease an attempt holds while the handler runs. A
+// heartbeat extends it every lease/3 for handlers that run that long; a
+// duplicate arriving after the lease expired (the owner died) steals the
+// record and runs the handler.
+// Default: 10s.
+func WithLease(d time.Duration) Option {
+	if d < 3*time.Millisecond {
+		panic("idempotency: WithLease needs at least 3ms")
+	}
+	return func(c *config) { c.lease = d }
+}
+
+// WithWait turns on wait mode: a duplicate that arrives while the original
+// runs waits up to d for it, then replays its response (or takes over when
+// the original released the key). Past d it gets 409 as without wait mode.
+// Default: 0 (off: answer 409 at once).
+func WithWait(d time.Duration) Option {
+	if d < 0 {
+		panic("idempotency: WithWait needs a non-negative duration")
+	}
+	return func(c *config) { c.wait = d }
+}
+
+// WithMethods sets the methods the middleware covers; requests with other
+// methods pass through and any key on them is ignored.
+// Default: POST, PATCH.
+func WithMethods(methods ...string) Option {
+	if len(methods) == 0 {
+		panic("idempotency: WithMethods needs at least one method")
+	}
+	m := append([]string(nil), methods...)
+	return func(c *config) { c.methods = m }
+}
+
+// WithKeyRequired makes the key mandatory on covered methods: a request
+// without one gets 400 (code key_required).
+// Default: false (a request without a key passes through unprotected).
+func WithKeyRequired(required bool) Option {
+	return func(c *config) { c.keyRequired = required }
+}
+
+// WithKeyScope maps a request to the principal that owns its keys (a user or
+// tenant id, taken from authentication that ran before the middleware). Keys
+// of different scopes never meet.
+//
+// Without it every client shares one key space: anyone who learns a key can
+// read the response stored under it.
+// Default: none (one shared scope).
+func WithKeyScope(scope func(*http.Request) string) Option {
+	if scope == nil {
+		panic("idempotency: WithKeyScope needs a function")
+	}
+	return func(c *config) { c.keyScope = scope }
+}
+
+// WithFingerprint replaces the function that identifies a request's payload.
+// Default: DefaultFingerprint (SHA-256 over method, path, query and body).
+func WithFingerprint(f FingerprintFunc) Option {
+	if f == nil {
+		panic("idempotency: WithFingerprint needs a function")
+	}
+	return func(c *config) { c.fingerprint = f }
+}
+
+// WithMaxRequestBody caps the request body the middleware reads to
+// fingerprint it; a larger body gets 413 and the handler does not run.
+// Default: 1 MiB.
+func WithMaxRequestBody(n int64) Option {
+	if n < 0 {
+		panic("idempotency: WithMaxRequestBody needs a non-negative size")
+	}
+	return func(c *config) { c.maxRequestBody = n }
+}
+
+// WithMaxResponseBody caps the response body that is stored. A larger
+// response still reaches the first client in full; the record is stored
+// without its body and duplicates get the status and headers, an empty body
+// and the header Idempotent-Body-Omitted: true. The handler never runs twice.
+// Default: 1 MiB.
+func WithMaxResponseBody(n int) Option {
+	if n < 0 {
+		panic("idempotency: WithMaxResponseBody needs a non-negative size")
+	}
+	return func(c *config) { c.maxResponseBody = n }
+}
+
+// WithStoreSetCookie stores Set-Cookie headers with the response, so that
+// replays send them too. Only turn it on for keys scoped to one principal.
+// Default: false.
+func WithStoreSetCookie(store bool) Option {
+	return func(c *config) { c.storeSetCookie = store }
+}
+
+// WithReleaseStatus sets which response statuses release the key instead of
+// storing the response, so that the client's retry runs the handler again.
+// Default: status >= 500.
+func WithReleaseStatus(release func(status int) bool) Option {
+	if release == nil {
+		panic("idempotency: WithReleaseStatus needs a function")
+	}
+	return func(c *config) { c.releaseStatus = release }
+}
+
+// WithFailOpen sets what happens when the store cannot be reached at
+// acquire: fail closed answers 503 with Retry-After; fail open runs the
+// handler unprotected and reports an EventStoreError with FailedOpen set.
+// Default: false (fail closed).
+func WithFailOpen(open bool) Option {
+	return func(c *config) { c.failOpen = open }
+}
+
+// WithErrorHandler replaces the function that writes problem responses.
+// Default: WriteProblem (application/problem+json).
+func WithErrorHandler(h ErrorHandler) Option {
+	if h == nil {
+		panic("idempotency: WithErrorHandler needs a function")
+	}
+	return func(c *config) { c.errorHandler = h }
+}
+
+// WithObserver sets a function called with every Event (see EventKind). It
+// runs on the request's goroutine (or the heartbeat's) and must be fast and
+// safe for concurrent use.
+// Default: none.
+func WithObserver(observe func(Event)) Option {
+	if observe == nil {
+		panic("idempotency: WithObserver needs a function")
+	}
+	return func(c *config) { c.observer = observe }
+}
+
+// WithLogger logs store errors, lost leases and released keys. Log records
+// carry the storage key (a hash), never the client's key or any body.
+// Default: none (nothing is logged).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// WithRoute sets how an Event names the route, for metrics. It is called
+// after the handler ran, so a router's matched pattern is known by then.
+// Default: r.Pattern (set by http.ServeMux).
+func WithRoute(route func(*http.Request) string) Option {
+	if route == nil {
+		panic("idempotency: WithRoute needs a function")
+	}
+	return func(c *config) { c.route = route }
+}
