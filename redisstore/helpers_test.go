@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,7 +70,9 @@ func mustAcquire(t testing.TB, s idempotency.Store, r idempotency.AcquireRequest
 // round trips used (a pipeline is one round trip).
 type commandCounter struct {
 	commands, roundTrips atomic.Int64
-	names                atomic.Value // []string of the last commands, for messages
+
+	mu    sync.Mutex
+	names []string // names of the commands sent since reset
 }
 
 func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -77,6 +81,9 @@ func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.commands.Add(1)
 		c.roundTrips.Add(1)
+		c.mu.Lock()
+		c.names = append(c.names, cmd.Name())
+		c.mu.Unlock()
 		return next(ctx, cmd)
 	}
 }
@@ -89,4 +96,20 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-func (c *commandCounter) reset() { c.commands.Store(0); c.roundTrips.Store(0) }
+func (c *commandCounter) reset() {
+	c.commands.Store(0)
+	c.roundTrips.Store(0)
+	c.mu.Lock()
+	c.names = nil
+	c.mu.Unlock()
+}
+
+func (c *commandCounter) sent() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.names...)
+}
+
+// privateServer reports whether tests start their own servers (REDIS_ADDR
+// unset), so they may reconfigure or restart them.
+func privateServer() bool { return os.Getenv(redistest.AddrEnv) == "" }

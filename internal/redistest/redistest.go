@@ -134,6 +134,7 @@ func (s *Server) start() error {
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
+		"--repl-diskless-sync-delay", "0",
 	}
 	args = append(args, s.args...)
 	return s.startLocked(exec.Command("redis-server", args...))
