@@ -31,19 +31,18 @@ local function take(epoch)
   redis.call('PEXPIREAT', key, math.max(lease_at, expires_at))
 end
 
-local kind = redis.call('TYPE', key)['ok']
-if kind == 'none' then
-  take(1)
-  return {1, 1}
+-- One read serves every case; a replay needs nothing else.
+local f = redis.pcall('HMGET', key, 'state', 'token', 'fp', 'epoch', 'lease_at', 'expires_at', 'meta', 'body')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
 end
-if kind ~= 'hash' then
-  return {-1, 'key holds a ' .. kind .. ', not a hash'}
-end
-
-local f = redis.call('HMGET', key, 'state', 'token', 'fp', 'epoch', 'lease_at', 'expires_at')
 local state, holder, rfp = f[1], f[2], f[3]
 local epoch, lease_at, expires_at = tonumber(f[4]), tonumber(f[5]), tonumber(f[6])
 
+if not state and redis.call('EXISTS', key) == 0 then
+  take(1)
+  return {1, 1}
+end
 if state ~= 'in_progress' and state ~= 'complete' then
   if state then
     return {-1, 'field state holds an unknown value'}
@@ -62,10 +61,9 @@ if state == 'complete' then
     return {1, 1}
   end
   if rfp ~= fp then return {5} end
-  local p = redis.call('HMGET', key, 'meta', 'body')
-  if not p[1] then return {-1, 'field meta is missing'} end
-  if not p[2] then return {-1, 'field body is missing'} end
-  return {3, epoch, p[1], p[2]}
+  if not f[7] then return {-1, 'field meta is missing'} end
+  if not f[8] then return {-1, 'field body is missing'} end
+  return {3, epoch, f[7], f[8]}
 end
 
 if not holder then return {-1, 'field token is missing'} end

@@ -17,13 +17,10 @@
 local key, token = KEYS[1], ARGV[1]
 local ttl = tonumber(ARGV[2])
 
-local kind = redis.call('TYPE', key)['ok']
-if kind == 'none' then return {0} end
-if kind ~= 'hash' then
-  return {-1, 'key holds a ' .. kind .. ', not a hash'}
+local f = redis.pcall('HMGET', key, 'state', 'token')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
 end
-
-local f = redis.call('HMGET', key, 'state', 'token')
 if f[2] ~= token then return {0} end
 if f[1] == 'complete' then return {1} end
 if f[1] ~= 'in_progress' then

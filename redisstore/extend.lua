@@ -14,13 +14,10 @@
 local key, token = KEYS[1], ARGV[1]
 local lease = tonumber(ARGV[2])
 
-local kind = redis.call('TYPE', key)['ok']
-if kind == 'none' then return {0} end
-if kind ~= 'hash' then
-  return {-1, 'key holds a ' .. kind .. ', not a hash'}
+local f = redis.pcall('HMGET', key, 'state', 'token', 'expires_at')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
 end
-
-local f = redis.call('HMGET', key, 'state', 'token', 'expires_at')
 if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
 
 local t = redis.call('TIME')

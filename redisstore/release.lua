@@ -12,13 +12,11 @@
 
 local key, token = KEYS[1], ARGV[1]
 
-local kind = redis.call('TYPE', key)['ok']
-if kind == 'none' then return {1} end
-if kind ~= 'hash' then
-  return {-1, 'key holds a ' .. kind .. ', not a hash'}
+local f = redis.pcall('HMGET', key, 'state', 'token')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
 end
-
-local f = redis.call('HMGET', key, 'state', 'token')
+if not f[1] and redis.call('EXISTS', key) == 0 then return {1} end
 if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
 redis.call('DEL', key)
 redis.call('PUBLISH', ARGV[2], 'released')
