@@ -189,7 +189,7 @@ func TestWaitBound(t *testing.T) {
 // TestHandlerOutlivesLease: the heartbeat keeps a slow handler's lease, so a
 // duplicate arriving after several lease periods is refused, not stolen.
 func TestHandlerOutlivesLease(t *testing.T) {
-	const lease = 60 * time.Millisecond
+	const lease = 150 * time.Millisecond
 	var runs atomic.Int64
 	entered := make(chan struct{})
 	release := make(chan struct{})

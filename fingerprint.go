@@ -1,11 +1,13 @@
 package idempotency
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"io"
+	"hash"
 	"net/http"
+	"sync"
 )
 
 // FingerprintFunc identifies a request's payload. Two requests with the same
@@ -14,22 +16,41 @@ import (
 // most the WithMaxRequestBody cap); the function must not keep it.
 type FingerprintFunc func(r *http.Request, body []byte) string
 
-// DefaultFingerprint is SHA-256 over the method, the path, the raw query and
-// the body, each length-prefixed so that no two requests share an input.
+// DefaultFingerprint is SHA-256 over the method, the escaped path, the raw
+// query and the body, each length-prefixed so that no two requests share an
+// input.
 func DefaultFingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	var n [8]byte
-	for _, s := range [...]string{r.Method, r.URL.Path, r.URL.RawQuery} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		io.WriteString(h, s)
+	f := fingerprintPool.Get().(*fingerprinter)
+	f.h.Reset()
+	b := f.scratch[:0]
+	for _, s := range [...]string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	binary.BigEndian.PutUint64(n[:], uint64(len(body)))
-	h.Write(n[:])
-	h.Write(body)
-	var sum [sha256.Size]byte
-	return string(h.Sum(sum[:0]))
+	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+	f.h.Write(b)
+	f.h.Write(body)
+	sum := string(f.h.Sum(f.sum[:0]))
+	if cap(b) <= maxPooledScratch {
+		f.scratch = b[:0]
+		fingerprintPool.Put(f)
+	}
+	return sum
 }
+
+// fingerprinter is a reusable SHA-256 state with room for the length-prefixed
+// request line.
+type fingerprinter struct {
+	h       hash.Hash
+	scratch []byte
+	sum     [sha256.Size]byte
+}
+
+const maxPooledScratch = 4 << 10
+
+var fingerprintPool = sync.Pool{New: func() any {
+	return &fingerprinter{h: sha256.New(), scratch: make([]byte, 0, 512)}
+}}
 
 // storageKeyDomain separates storage-key hashes from any other use of SHA-256.
 const storageKeyDomain = "idempotency/v1/storage-key\x00"
@@ -38,6 +59,11 @@ const storageKeyDomain = "idempotency/v1/storage-key\x00"
 // length-prefixed under a fixed domain. It is 64 bytes long whatever the
 // input and holds no client bytes, so stores can use it in key names.
 func StorageKey(scope, key string) string {
+	var out [2 * sha256.Size]byte
+	return string(appendStorageKey(out[:0], scope, key))
+}
+
+func appendStorageKey(dst []byte, scope, key string) []byte {
 	var buf [len(storageKeyDomain) + 16 + 2*MaxKeyLen]byte
 	b := append(buf[:0], storageKeyDomain...)
 	b = binary.BigEndian.AppendUint64(b, uint64(len(scope)))
@@ -45,7 +71,20 @@ func StorageKey(scope, key string) string {
 	b = binary.BigEndian.AppendUint64(b, uint64(len(key)))
 	b = append(b, key...)
 	sum := sha256.Sum256(b)
-	var out [2 * sha256.Size]byte
-	hex.Encode(out[:], sum[:])
-	return string(out[:])
+	return hex.AppendEncode(dst, sum[:])
 }
+
+// storageKeyAndToken returns the storage key of (scope, key) and a fresh
+// random lease token, built in one allocation.
+func storageKeyAndToken(scope, key string) (storageKey, token string) {
+	var out [2*sha256.Size + 2*tokenBytes]byte
+	b := appendStorageKey(out[:0], scope, key)
+	var t [tokenBytes]byte
+	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (Go 1.24)
+	b = hex.AppendEncode(b, t[:])
+	s := string(b)
+	return s[:2*sha256.Size], s[2*sha256.Size:]
+}
+
+// tokenBytes is the size of a lease token's randomness.
+const tokenBytes = 16

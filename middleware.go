@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -47,14 +45,31 @@ func (h *handler) covers(method string) bool {
 	return slices.Contains(h.cfg.methods, method)
 }
 
-// request is the state of one covered request with a key.
+// request is the state of one covered request with a key. The parts a
+// request needs are fields, so that it is one allocation.
 type request struct {
 	h     *handler
 	w     http.ResponseWriter
 	r     *http.Request
 	start time.Time
 	acq   AcquireRequest
+
+	body     bodyReader      // replaces r.Body
+	hb       heartbeat       // while the handler runs
+	detached detachedContext // for store calls after the handler
 }
+
+// detachedContext carries the request's values without its cancellation:
+// store calls after the handler must not fail because the client went away,
+// since the handler's effect happened and its record must be written. It is
+// context.WithoutCancel, as a field.
+type detachedContext struct{ parent context.Context }
+
+func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detachedContext) Done() <-chan struct{}       { return nil }
+func (detachedContext) Err() error                  { return nil }
+func (d *detachedContext) Value(key any) any        { return d.parent.Value(key) }
+func (d *detachedContext) String() string           { return "idempotency.detachedContext" }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
 	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.acq.Key, Status: status, Err: err}
@@ -78,8 +93,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	rq := &request{h: h, w: w, r: r, start: time.Now()}
+	start := time.Now()
 	key, ok, err := requestKey(r.Header[HeaderKey])
+	rq := &request{h: h, w: w, r: r, start: start, detached: detachedContext{r.Context()}}
 	if !ok {
 		if h.cfg.keyRequired {
 			rq.emit(EventRejected, http.StatusBadRequest, nil)
@@ -95,7 +111,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, status, code, detail := readBody(r, h.cfg.maxRequestBody)
+	body, status, code, detail := readBody(r, h.cfg.maxRequestBody, &rq.body)
 	if status != 0 {
 		rq.emit(EventRejected, status, nil)
 		rq.problem(status, code, detail, 0)
@@ -106,9 +122,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
+	storageKey, token := storageKeyAndToken(scope, key)
 	rq.acq = AcquireRequest{
-		Key:         StorageKey(scope, key),
-		Token:       newToken(),
+		Key:         storageKey,
+		Token:       token,
 		Fingerprint: h.cfg.fingerprint(r, body),
 		Lease:       h.cfg.lease,
 		TTL:         h.cfg.ttl,
@@ -224,14 +241,13 @@ func (rq *request) execute(acq Acquisition) {
 	}
 	ctx, cancel := context.WithCancelCause(rq.r.Context())
 	defer cancel(nil)
-	hb := &heartbeat{rq: rq, cancel: cancel, lastOK: time.Now()}
+	hb := &rq.hb
+	*hb = heartbeat{rq: rq, cancel: cancel, lastOK: time.Now()}
 	hb.start()
 
 	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
 	defer rec.free()
-	// Store calls after the handler must not fail because the client went
-	// away: the handler's effect happened and its record must be written.
-	storeCtx := context.WithoutCancel(rq.r.Context())
+	storeCtx := &rq.detached
 
 	panicked := true
 	defer func() {
@@ -255,7 +271,9 @@ func (rq *request) execute(acq Acquisition) {
 	hb.stop()
 	rec.finish()
 
-	if rec.hijacked || rq.h.cfg.releaseStatus(rec.status) {
+	// 1xx finals (101 Switching Protocols) and hijacked connections cannot
+	// be replayed.
+	if rec.hijacked || rec.status < 200 || rq.h.cfg.releaseStatus(rec.status) {
 		if err := rq.h.store.Release(storeCtx, rq.acq.Key, rq.acq.Token); err != nil {
 			rq.storeFailed(err, "release", hb)
 		}
@@ -284,7 +302,7 @@ func (rq *request) execute(acq Acquisition) {
 // heartbeat reported already is not reported again.
 func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 	if errors.Is(err, ErrLeaseLost) {
-		if !hb.lostReported() {
+		if hb.lost == nil {
 			rq.emit(EventLeaseLost, 0, err)
 		}
 		return
@@ -296,15 +314,19 @@ func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 // beat comes only for handlers that outlive a third of the lease. When the
 // lease is lost (stolen, or not extended for a whole lease) it cancels the
 // handler's context with a cause wrapping ErrLeaseLost.
+//
+// The heartbeat calls no user code (observer, logger, route function) from
+// its goroutine: stop returns what happened and execute reports it.
 type heartbeat struct {
 	rq     *request
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
 
-	mu      sync.Mutex
-	stopped bool
-	lost    bool
-	lastOK  time.Time
+	mu        sync.Mutex
+	stopped   bool
+	lastOK    time.Time
+	lost      error // the cause the handler's context was cancelled with
+	extendErr error // the last failed extend, when the lease survived it
 }
 
 func (hb *heartbeat) start() {
@@ -313,17 +335,31 @@ func (hb *heartbeat) start() {
 	hb.mu.Unlock()
 }
 
-func (hb *heartbeat) lostReported() bool {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return hb.lost
-}
-
+// stop ends the heartbeat and reports a lost lease or failed extends. After
+// stop, hb.lost and hb.extendErr are no longer written.
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	hb.stopped = true
 	hb.mu.Unlock()
 	hb.timer.Stop()
+	switch {
+	case hb.lostCause() != nil:
+		hb.rq.emit(EventLeaseLost, 0, hb.lost)
+	case hb.lastExtendErr() != nil:
+		hb.rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", hb.extendErr))
+	}
+}
+
+func (hb *heartbeat) lostCause() error {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.lost
+}
+
+func (hb *heartbeat) lastExtendErr() error {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.extendErr
 }
 
 func (hb *heartbeat) beat() {
@@ -335,7 +371,7 @@ func (hb *heartbeat) beat() {
 	}
 	rq := hb.rq
 	lease := rq.h.cfg.lease
-	err := rq.h.store.Extend(context.WithoutCancel(rq.r.Context()), rq.acq.Key, rq.acq.Token, lease)
+	err := rq.h.store.Extend(&rq.detached, rq.acq.Key, rq.acq.Token, lease)
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if hb.stopped {
@@ -347,31 +383,20 @@ func (hb *heartbeat) beat() {
 		hb.lastOK = now
 		hb.timer.Reset(lease / 3)
 	case errors.Is(err, ErrLeaseLost):
-		hb.stopped, hb.lost = true, true
+		hb.stopped, hb.lost = true, err
 		hb.cancel(err)
-		rq.emit(EventLeaseLost, 0, err)
 	case now.Sub(hb.lastOK) >= lease:
-		hb.stopped, hb.lost = true, true
-		cause := fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
-		hb.cancel(cause)
-		rq.emit(EventLeaseLost, 0, cause)
+		hb.stopped = true
+		hb.lost = fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
+		hb.cancel(hb.lost)
 	default:
-		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", err))
+		hb.extendErr = err
 		next := lease / 3
 		if left := lease - now.Sub(hb.lastOK); left < next {
 			next = left
 		}
 		hb.timer.Reset(next)
 	}
-}
-
-// newToken returns a fresh random lease token.
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
-	var out [32]byte
-	hex.Encode(out[:], b[:])
-	return string(out[:])
 }
 
 // bodyReader replaces the request body the middleware read, so that the
@@ -395,7 +420,7 @@ func (br *bodyReader) Close() error { return nil }
 // readBody reads the request body (at most limit bytes) and replaces r.Body
 // with a reader over what was read. A non-zero status means the request is
 // refused with that status.
-func readBody(r *http.Request, limit int64) (body []byte, status int, code Code, detail string) {
+func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, status int, code Code, detail string) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, "", ""
 	}
@@ -431,6 +456,7 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, code Code,
 			return nil, http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read"
 		}
 	}
-	r.Body = &bodyReader{b: b}
+	*dst = bodyReader{b: b}
+	r.Body = dst
 	return b, 0, "", ""
 }
