@@ -16,15 +16,27 @@
 --   {-1, message}              the value under the key is not a record
 --
 -- A retried call with the token that holds the record gets {1, epoch} or
--- {2, epoch} again. Only this script judges lease expiry.
+-- {2, epoch} again. Only this script judges lease expiry, on the server's
+-- clock (TIME, read at most once).
 
 local key = KEYS[1]
 local token, fp = ARGV[1], ARGV[2]
 local lease, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- The server clock, read at most once and only when needed: a replay does
+-- not need it, since a COMPLETE record's key expires exactly at its TTL
+-- deadline and Redis treats an expired key as absent.
+local now
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
 
 local function take(epoch)
+  clock()
   local lease_at, expires_at = now + lease, now + ttl
   redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
     'epoch', epoch, 'lease_at', lease_at, 'expires_at', expires_at)
@@ -54,12 +66,6 @@ if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a posi
 if not expires_at then return {-1, 'field expires_at is missing or not a number'} end
 
 if state == 'complete' then
-  if now >= expires_at then
-    -- Past its TTL: absent, even if Redis has not purged it yet.
-    redis.call('DEL', key)
-    take(1)
-    return {1, 1}
-  end
   if rfp ~= fp then return {5} end
   if not f[7] then return {-1, 'field meta is missing'} end
   if not f[8] then return {-1, 'field body is missing'} end
@@ -68,6 +74,7 @@ end
 
 if not holder then return {-1, 'field token is missing'} end
 if not lease_at then return {-1, 'field lease_at is missing or not a number'} end
+clock()
 if now >= expires_at and now >= lease_at then
   -- Abandoned and past both TTL and lease: purged.
   redis.call('DEL', key)
