@@ -1,0 +1,198 @@
+package memstore_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/memstore"
+)
+
+var benchResponse = &idempotency.Response{
+	Status: http.StatusCreated,
+	Header: http.Header{"Content-Type": {"application/json"}},
+	Body:   []byte(`{"id":"pay_1"}`),
+}
+
+// benchKeys returns n storage keys shaped like the middleware's.
+func benchKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%064x", i)
+	}
+	return keys
+}
+
+// BenchmarkAcquireComplete measures the first execution of a request:
+// Acquire of a new key, then Complete. Keys cycle through a pool whose
+// records have expired by the time they come round again (TTL 1ns), so the
+// store stays at a steady size as it would under its sweep.
+func BenchmarkAcquireComplete(b *testing.B) {
+	const pool = 1 << 16
+	keys := benchKeys(pool)
+	run := func(b *testing.B, s *memstore.Store, keys []string, next func() int) {
+		ctx := context.Background()
+		req := idempotency.AcquireRequest{Token: "t", Fingerprint: "fp", Lease: 10 * time.Second, TTL: time.Nanosecond}
+		i := next()
+		req.Key = keys[i%len(keys)]
+		a, err := s.Acquire(ctx, req)
+		if err != nil || a.Outcome != idempotency.Acquired {
+			b.Fatalf("Acquire: %+v, %v", a, err)
+		}
+		if err := s.Complete(ctx, req.Key, req.Token, benchResponse, time.Nanosecond); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("Serial", func(b *testing.B) {
+		s := memstore.New()
+		defer s.Close()
+		i := 0
+		next := func() int { i++; return i }
+		b.ReportAllocs()
+		for b.Loop() {
+			run(b, s, keys, next)
+		}
+	})
+	b.Run("Parallel", func(b *testing.B) {
+		s := memstore.New()
+		defer s.Close()
+		var worker atomic.Int32
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			// Each goroutine takes its own slice of the pool, so no two
+			// goroutines hold the same key at once.
+			w := int(worker.Add(1)) - 1
+			parts := 4 * runtime.GOMAXPROCS(0)
+			mine := keys[w%parts*(pool/parts) : (w%parts+1)*(pool/parts)]
+			i := 0
+			next := func() int { i++; return i }
+			for pb.Next() {
+				run(b, s, mine, next)
+			}
+		})
+	})
+}
+
+// BenchmarkAcquireReplay measures a duplicate of a completed request:
+// Acquire of a COMPLETE key. Parallel spreads the duplicates over many keys;
+// ParallelSameKey sends all of them to one key.
+func BenchmarkAcquireReplay(b *testing.B) {
+	const n = 1024
+	keys := benchKeys(n)
+	setup := func(b *testing.B) *memstore.Store {
+		s := memstore.New()
+		ctx := context.Background()
+		for _, k := range keys {
+			req := idempotency.AcquireRequest{Key: k, Token: "t", Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour}
+			if _, err := s.Acquire(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, k, "t", benchResponse, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return s
+	}
+	replay := func(b *testing.B, s *memstore.Store, key string) {
+		a, err := s.Acquire(context.Background(), idempotency.AcquireRequest{
+			Key: key, Token: "dup", Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour,
+		})
+		if err != nil || a.Outcome != idempotency.Completed {
+			b.Fatalf("Acquire: %+v, %v", a, err)
+		}
+	}
+	b.Run("Serial", func(b *testing.B) {
+		s := setup(b)
+		defer s.Close()
+		i := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			replay(b, s, keys[i%n])
+			i++
+		}
+	})
+	b.Run("Parallel", func(b *testing.B) {
+		s := setup(b)
+		defer s.Close()
+		var worker atomic.Int32
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(worker.Add(1)) * 97
+			for pb.Next() {
+				replay(b, s, keys[i%n])
+				i++
+			}
+		})
+	})
+	b.Run("ParallelSameKey", func(b *testing.B) {
+		s := setup(b)
+		defer s.Close()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				replay(b, s, keys[0])
+			}
+		})
+	})
+}
+
+// BenchmarkRecordMemory reports the heap held per COMPLETE record with a
+// 1 KiB body and a few headers, as the middleware would store it, and the
+// part of it that is the store's own overhead (key, token, fingerprint,
+// record and index) rather than the response itself.
+func BenchmarkRecordMemory(b *testing.B) {
+	const records = 20_000
+	const bodySize = 1 << 10
+	ctx := context.Background()
+	var perRecord, payload float64
+	for b.Loop() {
+		runtime.GC()
+		var before, after, afterPayload runtime.MemStats
+		runtime.ReadMemStats(&before)
+		// The responses alone, as the handler's recorder would leave them.
+		resps := make([]*idempotency.Response, records)
+		for i := range resps {
+			resps[i] = &idempotency.Response{
+				Status: http.StatusCreated,
+				Header: http.Header{
+					"Content-Type": {"application/json"},
+					"Location":     {"/payments/" + strconv.Itoa(i)},
+				},
+				Body: make([]byte, bodySize),
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&afterPayload)
+		s := memstore.New(memstore.WithMaxEntries(records))
+		for i := range records {
+			key := fmt.Sprintf("%064x", i)
+			token := fmt.Sprintf("%032x", i)
+			req := idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: string(make([]byte, 32)), Lease: time.Hour, TTL: time.Hour}
+			if _, err := s.Acquire(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, key, token, resps[i], time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+		resps = nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perRecord = float64(after.HeapAlloc-before.HeapAlloc) / records
+		payload = float64(afterPayload.HeapAlloc-before.HeapAlloc) / records
+		if s.Len() != records {
+			b.Fatalf("Len = %d, want %d", s.Len(), records)
+		}
+		runtime.KeepAlive(s)
+		s.Close()
+	}
+	b.ReportMetric(perRecord, "bytes/record")
+	b.ReportMetric(perRecord-payload, "overhead-bytes/record")
+	b.ReportMetric(0, "ns/op")
+}

@@ -1,0 +1,328 @@
+// Package memstore is an in-process idempotency.Store.
+//
+// Records live in memory, split over 64 shards chosen by a hash of the key,
+// each guarded by its own lock, so operations on different keys rarely wait
+// for each other and replays of one key proceed in parallel. The store is
+// bounded (WithMaxEntries) and never evicts a live record to make room: when
+// it is full of live records, Acquire of a new key returns
+// idempotency.ErrStoreFull.
+//
+// A COMPLETE record expires when its TTL has passed, an IN_PROGRESS record
+// when both its TTL and its lease have. An expired record is absent to every
+// operation from that instant, whether or not it has been purged yet:
+// Acquire creates a fresh record (epoch 1), Complete and Extend return
+// idempotency.ErrLeaseLost and Release returns nil. A background sweep
+// (WithSweepInterval) frees the memory of expired records; Close stops it.
+//
+// Each record costs about 280 bytes beyond its response (key, token and
+// fingerprint of typical sizes, the record and its index entry); see
+// BenchmarkRecordMemory.
+//
+// Records are lost when the process exits, and are not shared between
+// processes: use it for a single instance, for tests and for development.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// ErrInvalid is returned (wrapped, with the reason) for arguments no record
+// can be made from: an empty key or token, a lease or TTL that is not
+// positive, or a nil response.
+var ErrInvalid = errors.New("memstore: invalid argument")
+
+// Store is an in-memory idempotency.Store. It is safe for concurrent use.
+// Create it with New and stop it with Close.
+type Store struct {
+	shards     [shardCount]shard
+	seed       maphash.Seed
+	clock      func() time.Time
+	epoch      time.Time // the clock's reading at New; instants count from it
+	maxEntries int64
+	count      atomic.Int64
+	closed     atomic.Bool
+	quit       chan struct{}
+	swept      chan struct{}
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+// New returns a Store configured by opts and starts its background sweep.
+func New(opts ...Option) *Store {
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	s := &Store{
+		seed:       maphash.MakeSeed(),
+		clock:      cfg.clock,
+		epoch:      cfg.clock(),
+		maxEntries: int64(cfg.maxEntries),
+		quit:       make(chan struct{}),
+		swept:      make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].records = make(map[string]record)
+		s.shards[i].nextPurge = math.MaxInt64
+	}
+	go s.sweep(cfg.sweepInterval)
+	return s
+}
+
+// Close stops the background sweep, wakes every waiter and drops all
+// records. Operations after Close return idempotency.ErrStoreClosed. Close
+// is idempotent and always returns nil.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(s.quit)
+	<-s.swept
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		sh.wakeAll()
+		sh.records = nil
+		sh.mu.Unlock()
+	}
+	s.count.Store(0)
+	return nil
+}
+
+// Len returns the number of records held, including expired records that
+// the sweep has not purged yet.
+func (s *Store) Len() int { return int(s.count.Load()) }
+
+func (s *Store) shard(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
+}
+
+func (s *Store) now() instant { return instant(s.clock().Sub(s.epoch)) }
+
+// reserve takes room for one new record, reporting false when full.
+func (s *Store) reserve() bool {
+	for {
+		n := s.count.Load()
+		if n >= s.maxEntries {
+			return false
+		}
+		if s.count.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// errNoRoom reports, inside the package, that the shard had no room.
+var errNoRoom = errors.New("memstore: no room")
+
+// Acquire implements idempotency.Store. A retried Acquire by the token that
+// holds the record reports Acquired (or Stolen) again and pushes the lease
+// to at least req.Lease from now. A steal restarts the record's TTL.
+//
+// Acquire never blocks: with an already cancelled ctx it returns ctx.Err()
+// and changes nothing.
+func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.Acquisition{}, err
+	}
+	switch {
+	case req.Key == "":
+		return idempotency.Acquisition{}, fmt.Errorf("%w: empty key", ErrInvalid)
+	case req.Token == "":
+		return idempotency.Acquisition{}, fmt.Errorf("%w: empty token", ErrInvalid)
+	case req.Lease <= 0:
+		return idempotency.Acquisition{}, fmt.Errorf("%w: lease %v is not positive", ErrInvalid, req.Lease)
+	case req.TTL <= 0:
+		return idempotency.Acquisition{}, fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, req.TTL)
+	}
+	sh := s.shard(req.Key)
+	// One reading of the clock serves the whole call.
+	now := s.now()
+
+	// Replays, duplicates in flight and mismatches only read the record.
+	sh.mu.RLock()
+	if s.closed.Load() {
+		sh.mu.RUnlock()
+		return idempotency.Acquisition{}, idempotency.ErrStoreClosed
+	}
+	if rec, ok := sh.records[req.Key]; ok {
+		if rec.live(now) {
+			if a, ok := observe(&rec, req, now); ok {
+				sh.mu.RUnlock()
+				return a, nil
+			}
+		}
+	}
+	sh.mu.RUnlock()
+
+	a, err := s.acquire(sh, req, now)
+	if err == errNoRoom {
+		// Make room in other shards, one at a time, then try once more.
+		s.purgeAll()
+		a, err = s.acquire(sh, req, s.now())
+		if err == errNoRoom {
+			err = idempotency.ErrStoreFull
+		}
+	}
+	return a, err
+}
+
+// observe returns the outcome of req on a live record when it changes
+// nothing, and false when req takes the lease.
+func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, bool) {
+	switch {
+	case rec.fingerprint != req.Fingerprint:
+		return idempotency.Acquisition{Outcome: idempotency.Mismatch}, true
+	case rec.resp != nil:
+		return idempotency.Acquisition{Outcome: idempotency.Completed, Response: rec.resp}, true
+	case rec.token != req.Token && now < rec.leaseUntil:
+		remaining := time.Duration(rec.leaseUntil - now)
+		if remaining < time.Millisecond {
+			remaining = time.Millisecond
+		}
+		return idempotency.Acquisition{Outcome: idempotency.InFlight, Epoch: rec.epoch, LeaseRemaining: remaining}, true
+	}
+	return idempotency.Acquisition{}, false
+}
+
+// acquire is Acquire under the shard's write lock, at the instant now.
+func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.closed.Load() {
+		return idempotency.Acquisition{}, idempotency.ErrStoreClosed
+	}
+	rec, ok := sh.records[req.Key]
+	if ok && rec.live(now) {
+		if a, ok := observe(&rec, req, now); ok {
+			return a, nil
+		}
+		outcome := idempotency.Stolen
+		if rec.token == req.Token {
+			// A retry by the holder.
+			if rec.epoch == 1 {
+				outcome = idempotency.Acquired
+			}
+			rec.leaseUntil = max(rec.leaseUntil, now.after(req.Lease))
+		} else {
+			rec.token = req.Token
+			rec.epoch++
+			rec.leaseUntil = now.after(req.Lease)
+			rec.ttlUntil = now.after(req.TTL)
+		}
+		sh.records[req.Key] = rec
+		sh.noteDeadline(rec.purgeAt())
+		return idempotency.Acquisition{Outcome: outcome, Epoch: rec.epoch}, nil
+	}
+	if !ok && !s.reserve() {
+		// An expired record of this key would have been reused in place.
+		s.count.Add(-int64(sh.purge(now)))
+		if !s.reserve() {
+			return idempotency.Acquisition{}, errNoRoom
+		}
+	}
+	rec = record{
+		fingerprint: req.Fingerprint,
+		token:       req.Token,
+		epoch:       1,
+		leaseUntil:  now.after(req.Lease),
+		ttlUntil:    now.after(req.TTL),
+	}
+	sh.records[req.Key] = rec
+	sh.noteDeadline(rec.purgeAt())
+	return idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: 1}, nil
+}
+
+// Complete implements idempotency.Store. The store keeps resp itself, not a
+// copy: the caller must not modify resp, its Header or its Body afterwards,
+// and every replay hands the same *Response to its readers, who must not
+// modify it either. A retried Complete by the token that completed the
+// record returns nil and keeps the first payload.
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	switch {
+	case resp == nil:
+		return fmt.Errorf("%w: nil response", ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, ttl)
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.closed.Load() {
+		return idempotency.ErrStoreClosed
+	}
+	now := s.now()
+	rec, ok := sh.records[key]
+	if !ok || !rec.live(now) || rec.token != token || token == "" {
+		return idempotency.ErrLeaseLost
+	}
+	if rec.resp != nil {
+		return nil
+	}
+	rec.resp = resp
+	rec.ttlUntil = now.after(ttl)
+	sh.records[key] = rec
+	sh.noteDeadline(rec.purgeAt())
+	sh.wake(key)
+	return nil
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.closed.Load() {
+		return idempotency.ErrStoreClosed
+	}
+	rec, ok := sh.records[key]
+	if !ok || !rec.live(s.now()) {
+		return nil
+	}
+	if !rec.heldBy(token) {
+		return idempotency.ErrLeaseLost
+	}
+	delete(sh.records, key)
+	s.count.Add(-1)
+	sh.wake(key)
+	return nil
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease %v is not positive", ErrInvalid, lease)
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.closed.Load() {
+		return idempotency.ErrStoreClosed
+	}
+	now := s.now()
+	rec, ok := sh.records[key]
+	if !ok || !rec.live(now) || !rec.heldBy(token) {
+		return idempotency.ErrLeaseLost
+	}
+	rec.leaseUntil = now.after(lease)
+	sh.records[key] = rec
+	sh.noteDeadline(rec.purgeAt())
+	return nil
+}

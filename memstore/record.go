@@ -1,0 +1,48 @@
+package memstore
+
+import (
+	"math"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// instant is a point on the store's clock: the time since the store was
+// created. Using an offset keeps records small and, with time.Now, follows
+// the monotonic clock.
+type instant int64
+
+// after returns i+d, saturating instead of overflowing.
+func (i instant) after(d time.Duration) instant {
+	if d > 0 && int64(i) > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return i + instant(d)
+}
+
+// record is one idempotency record. It is COMPLETE when resp is not nil and
+// IN_PROGRESS otherwise; an absent record has no entry.
+type record struct {
+	fingerprint string
+	token       string
+	resp        *idempotency.Response
+	epoch       uint64
+	leaseUntil  instant
+	// ttlUntil is when a COMPLETE record expires, and when an IN_PROGRESS
+	// record's TTL ends (it is purged only once its lease has ended too).
+	ttlUntil instant
+}
+
+// purgeAt is when the record becomes absent.
+func (r *record) purgeAt() instant {
+	if r.resp == nil && r.leaseUntil > r.ttlUntil {
+		return r.leaseUntil
+	}
+	return r.ttlUntil
+}
+
+// live reports whether the record still exists at now.
+func (r *record) live(now instant) bool { return now < r.purgeAt() }
+
+// heldBy reports whether the record is IN_PROGRESS under token.
+func (r *record) heldBy(token string) bool { return r.resp == nil && r.token == token }
