@@ -1,0 +1,204 @@
+package redisstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// The payload of a COMPLETE record is kept in two hash fields: "body" holds
+// the response body as raw bytes, and "meta" holds everything else in a
+// compact binary block:
+//
+//	version   1 byte, metaVersion
+//	status    uvarint, 200..599
+//	flags     1 byte: bit 0 = body omitted; other bits zero
+//	headers   uvarint count, then per header name:
+//	            uvarint length, name bytes,
+//	            uvarint count of values, then per value: uvarint length, bytes
+//
+// Nothing is base64- or JSON-encoded, so a stored body costs its own size.
+const metaVersion = 1
+
+const flagBodyOmitted = 1 << 0
+
+// errEncode reports a Response that cannot be stored.
+var errEncode = errors.New("redisstore: cannot store response")
+
+// encodeMeta returns the meta block of resp. Header names are written in
+// sorted order so equal responses encode to equal bytes.
+func encodeMeta(resp *idempotency.Response) ([]byte, error) {
+	if resp == nil {
+		return nil, fmt.Errorf("%w: nil response", errEncode)
+	}
+	if resp.Status < 200 || resp.Status > 599 {
+		return nil, fmt.Errorf("%w: status %d outside 200..599", errEncode, resp.Status)
+	}
+	names := make([]string, 0, len(resp.Header))
+	size := 1 + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen64
+	for name, values := range resp.Header {
+		names = append(names, name)
+		size += 2*binary.MaxVarintLen64 + len(name)
+		for _, v := range values {
+			size += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	sort.Strings(names)
+
+	b := make([]byte, 0, size)
+	b = append(b, metaVersion)
+	b = binary.AppendUvarint(b, uint64(resp.Status))
+	var flags byte
+	if resp.BodyOmitted {
+		flags |= flagBodyOmitted
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		values := resp.Header[name]
+		b = binary.AppendUvarint(b, uint64(len(name)))
+		b = append(b, name...)
+		b = binary.AppendUvarint(b, uint64(len(values)))
+		for _, v := range values {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b, nil
+}
+
+// decodeError is a meta block or body that cannot be decoded.
+func decodeError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{idempotency.ErrCorruptRecord}, args...)...)
+}
+
+// decode rebuilds the Response stored as meta and body. Every failure wraps
+// idempotency.ErrCorruptRecord. A Response with no headers has a nil
+// Header, and one with an empty body a nil Body.
+func decode(meta, body string) (*idempotency.Response, error) {
+	d := decoder{b: meta}
+	if len(meta) == 0 {
+		return nil, decodeError("meta is empty")
+	}
+	if v := meta[0]; v != metaVersion {
+		return nil, decodeError("unknown meta version %d", v)
+	}
+	d.b = d.b[1:]
+	status, err := d.uvarint("status")
+	if err != nil {
+		return nil, err
+	}
+	if status < 200 || status > 599 {
+		return nil, decodeError("status %d outside 200..599", status)
+	}
+	flags, err := d.byte("flags")
+	if err != nil {
+		return nil, err
+	}
+	if flags&^flagBodyOmitted != 0 {
+		return nil, decodeError("unknown flags %#x", flags)
+	}
+	resp := &idempotency.Response{Status: int(status), BodyOmitted: flags&flagBodyOmitted != 0}
+	n, err := d.count("header count")
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		resp.Header = make(http.Header, n)
+	}
+	for i := uint64(0); i < n; i++ {
+		name, err := d.str("header name")
+		if err != nil {
+			return nil, err
+		}
+		if name == "" {
+			return nil, decodeError("empty header name")
+		}
+		if _, dup := resp.Header[name]; dup {
+			return nil, decodeError("header %q stored twice", name)
+		}
+		nv, err := d.count("header value count")
+		if err != nil {
+			return nil, err
+		}
+		values := make([]string, 0, nv)
+		for j := uint64(0); j < nv; j++ {
+			v, err := d.str("header value")
+			if err != nil {
+				return nil, err
+			}
+			values = append(values, v)
+		}
+		resp.Header[name] = values
+	}
+	if len(d.b) != 0 {
+		return nil, decodeError("%d bytes after the header block", len(d.b))
+	}
+	if len(body) > 0 {
+		if resp.BodyOmitted {
+			return nil, decodeError("body present but marked omitted")
+		}
+		resp.Body = []byte(body)
+	}
+	return resp, nil
+}
+
+type decoder struct{ b string }
+
+func (d *decoder) byte(what string) (byte, error) {
+	if len(d.b) == 0 {
+		return 0, decodeError("meta truncated before %s", what)
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c, nil
+}
+
+func (d *decoder) uvarint(what string) (uint64, error) {
+	var x uint64
+	var s uint
+	for i := 0; i < len(d.b); i++ {
+		c := d.b[i]
+		if i == binary.MaxVarintLen64 || (i == binary.MaxVarintLen64-1 && c > 1) {
+			return 0, decodeError("%s overflows", what)
+		}
+		if c < 0x80 {
+			d.b = d.b[i+1:]
+			return x | uint64(c)<<s, nil
+		}
+		x |= uint64(c&0x7f) << s
+		s += 7
+	}
+	return 0, decodeError("meta truncated in %s", what)
+}
+
+// count reads an element count, bounded by the bytes left (every element
+// takes at least one byte), so a corrupt count cannot force a huge
+// allocation.
+func (d *decoder) count(what string) (uint64, error) {
+	n, err := d.uvarint(what)
+	if err != nil {
+		return 0, err
+	}
+	if n > uint64(len(d.b)) {
+		return 0, decodeError("%s %d exceeds the %d bytes left", what, n, len(d.b))
+	}
+	return n, nil
+}
+
+func (d *decoder) str(what string) (string, error) {
+	n, err := d.uvarint(what + " length")
+	if err != nil {
+		return "", err
+	}
+	if n > uint64(len(d.b)) {
+		return "", decodeError("%s of %d bytes exceeds the %d bytes left", what, n, len(d.b))
+	}
+	s := d.b[:n]
+	d.b = d.b[n:]
+	return s, nil
+}

@@ -1,0 +1,120 @@
+package redisstore
+
+import (
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+func TestCodecRoundTrip(t *testing.T) {
+	for _, resp := range []*idempotency.Response{
+		{Status: 200},
+		{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"ok":true}`)},
+		{Status: 599, Header: http.Header{"X-Empty": {}, "X-Multi": {"", "a", strings.Repeat("v", 300)}}, Body: []byte{0, 0xff}},
+		{Status: 413, Header: http.Header{"A": {"1"}}, BodyOmitted: true},
+	} {
+		meta, err := encodeMeta(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := string(resp.Body)
+		got, err := decode(string(meta), body)
+		if err != nil {
+			t.Fatalf("decode(encode(%+v)): %v", resp, err)
+		}
+		if !reflect.DeepEqual(got, resp) {
+			t.Fatalf("round trip: got %+v, want %+v", got, resp)
+		}
+	}
+}
+
+func TestCodecDeterministic(t *testing.T) {
+	resp := &idempotency.Response{Status: 200, Header: http.Header{"B": {"2"}, "A": {"1"}, "C": {"3"}}}
+	first, _ := encodeMeta(resp)
+	for i := 0; i < 20; i++ {
+		again, _ := encodeMeta(resp)
+		if string(again) != string(first) {
+			t.Fatal("encoding depends on map order")
+		}
+	}
+}
+
+func TestCodecCompact(t *testing.T) {
+	resp := &idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}}
+	meta, _ := encodeMeta(resp)
+	// version, status (2 bytes), flags, count, name len, name, value count,
+	// value len, value.
+	if want := 1 + 2 + 1 + 1 + 1 + len("Content-Type") + 1 + 1 + len("application/json"); len(meta) != want {
+		t.Fatalf("meta is %d bytes, want %d", len(meta), want)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good, _ := encodeMeta(&idempotency.Response{Status: 200, Header: http.Header{"A": {"b"}}})
+	for name, tc := range map[string]struct{ meta, body string }{
+		"empty":             {"", ""},
+		"unknown version":   {"\x02" + string(good[1:]), ""},
+		"truncated":         {string(good[:len(good)-1]), ""},
+		"trailing bytes":    {string(good) + "x", ""},
+		"status low":        {"\x01\x63\x00\x00", ""},
+		"status high":       {"\x01\xd8\x04\x00\x00", ""},
+		"varint overflow":   {"\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f", ""},
+		"unknown flags":     {"\x01\xc8\x01\x02\x00", ""},
+		"huge count":        {"\x01\xc8\x01\x00\xff\xff\xff\xff\x0f", ""},
+		"huge string":       {"\x01\xc8\x01\x00\x01\xff\xff\x03A", ""},
+		"empty name":        {"\x01\xc8\x01\x00\x01\x00\x00", ""},
+		"duplicate name":    {"\x01\xc8\x01\x00\x02\x01A\x00\x01A\x00", ""},
+		"omitted with body": {"\x01\xc8\x01\x01\x00", "body"},
+	} {
+		_, err := decode(tc.meta, tc.body)
+		if !errors.Is(err, idempotency.ErrCorruptRecord) {
+			t.Errorf("%s: decode = %v, want ErrCorruptRecord", name, err)
+		}
+	}
+}
+
+// FuzzDecodeMeta feeds arbitrary meta blocks and bodies to the decoder: it
+// must never panic, must wrap ErrCorruptRecord on failure, and what it
+// accepts must encode back to the same bytes (the format has one spelling).
+func FuzzDecodeMeta(f *testing.F) {
+	for _, resp := range []*idempotency.Response{
+		{Status: 200},
+		{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X": {"1", "2"}}, Body: []byte("{}")},
+		{Status: 500, Header: http.Header{"A": {}}, BodyOmitted: true},
+	} {
+		meta, _ := encodeMeta(resp)
+		f.Add(meta, resp.Body)
+	}
+	f.Add([]byte("\x01\xc8\x01\x00\x02\x01A\x00\x01A\x00"), []byte(nil))
+	f.Add([]byte{}, []byte("x"))
+	f.Fuzz(func(t *testing.T, meta, body []byte) {
+		resp, err := decode(string(meta), string(body))
+		if err != nil {
+			if !errors.Is(err, idempotency.ErrCorruptRecord) {
+				t.Fatalf("error %v does not wrap ErrCorruptRecord", err)
+			}
+			if resp != nil {
+				t.Fatal("response returned with an error")
+			}
+			return
+		}
+		if resp.Status < 200 || resp.Status > 599 {
+			t.Fatalf("accepted status %d", resp.Status)
+		}
+		again, err := encodeMeta(resp)
+		if err != nil {
+			t.Fatalf("re-encoding an accepted record: %v", err)
+		}
+		if string(again) != string(meta) {
+			// Only a non-canonical order of names may differ.
+			back, err := decode(string(again), string(body))
+			if err != nil || !reflect.DeepEqual(back, resp) {
+				t.Fatalf("re-encoded record decodes differently: %v", err)
+			}
+		}
+	})
+}

@@ -1,0 +1,37 @@
+-- complete.lua: the complete edge. Stores the payload and moves the record
+-- held by the caller's token to COMPLETE, kept for the TTL from now, then
+-- publishes on the record's channel.
+--
+-- KEYS[1]  record key (a hash)
+-- ARGV[1]  lease token of the caller
+-- ARGV[2]  TTL, in milliseconds (> 0)
+-- ARGV[3]  meta: the encoded status, flags and headers
+-- ARGV[4]  body
+-- ARGV[5]  channel to publish on
+--
+-- Reply (always an array):
+--   {1}            completed (or already completed by this token: a retry)
+--   {0}            lease lost: absent, or held by another token
+--   {-1, message}  the value under the key is not a record
+
+local key, token = KEYS[1], ARGV[1]
+local ttl = tonumber(ARGV[2])
+
+local f = redis.pcall('HMGET', key, 'state', 'token')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
+end
+if f[2] ~= token then return {0} end
+if f[1] == 'complete' then return {1} end
+if f[1] ~= 'in_progress' then
+  return {-1, 'field state is missing or holds an unknown value'}
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', key, 'state', 'complete', 'expires_at', now + ttl,
+  'meta', ARGV[3], 'body', ARGV[4])
+redis.call('HDEL', key, 'lease_at')
+redis.call('PEXPIRE', key, ttl)
+redis.call('PUBLISH', ARGV[5], 'complete')
+return {1}

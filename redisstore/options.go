@@ -1,0 +1,94 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	prefix      string
+	waitN       int
+	waitTimeout time.Duration
+	onWAIT      func(ctx context.Context, err *WAITError)
+}
+
+func defaultConfig() config {
+	return config{prefix: "idempotency:"}
+}
+
+// WithPrefix sets the prefix of every record key (and of every record's
+// pub/sub channel). Stores sharing a Redis database must use distinct
+// prefixes unless they are meant to share records. It panics when p is
+// empty.
+//
+// Default: "idempotency:".
+func WithPrefix(p string) Option {
+	if p == "" {
+		panic("redisstore: WithPrefix: empty prefix")
+	}
+	return func(c *config) { c.prefix = p }
+}
+
+// WithWAIT makes Complete follow its write with WAIT replicas timeout on the
+// same connection, so the COMPLETE record is on that many replicas before
+// the response is sent, when they acknowledge in time. It is best effort: a
+// WAIT that reaches fewer replicas, or fails, does not fail Complete; it is
+// reported to the handler set with WithWAITErrorHandler. WAIT narrows the
+// window in which a failover loses a completed record; it does not make
+// Redis strongly consistent (see the package documentation).
+//
+// timeout should stay below the client's ReadTimeout. It panics when
+// replicas < 1 or timeout <= 0 (WAIT 0 would block forever).
+//
+// Default: no WAIT.
+func WithWAIT(replicas int, timeout time.Duration) Option {
+	if replicas < 1 {
+		panic(fmt.Sprintf("redisstore: WithWAIT: replicas %d < 1", replicas))
+	}
+	if timeout <= 0 {
+		panic(fmt.Sprintf("redisstore: WithWAIT: timeout %v <= 0", timeout))
+	}
+	return func(c *config) { c.waitN, c.waitTimeout = replicas, timeout }
+}
+
+// WithWAITErrorHandler sets the function called when the WAIT issued after
+// Complete (see WithWAIT) reached fewer replicas than asked or failed. It is
+// called synchronously from Complete, which still returns nil. It panics
+// when fn is nil.
+//
+// Default: none; shortfalls are ignored.
+func WithWAITErrorHandler(fn func(ctx context.Context, err *WAITError)) Option {
+	if fn == nil {
+		panic("redisstore: WithWAITErrorHandler: nil handler")
+	}
+	return func(c *config) { c.onWAIT = fn }
+}
+
+// WAITError reports a WAIT after Complete that did not reach the number of
+// replicas asked for with WithWAIT. The record is COMPLETE on the master
+// either way.
+type WAITError struct {
+	// Key is the record's Redis key.
+	Key string
+	// Replicas is the number of replicas asked for; Acked the number that
+	// acknowledged the write before the timeout.
+	Replicas, Acked int
+	// Err is set when WAIT itself failed (for example the connection broke
+	// after the write); Acked is then 0.
+	Err error
+}
+
+// Error describes the shortfall.
+func (e *WAITError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("redisstore: WAIT after completing %s failed: %v", e.Key, e.Err)
+	}
+	return fmt.Sprintf("redisstore: WAIT after completing %s: %d of %d replicas acknowledged", e.Key, e.Acked, e.Replicas)
+}
+
+// Unwrap returns the error WAIT failed with, if any.
+func (e *WAITError) Unwrap() error { return e.Err }

@@ -1,0 +1,23 @@
+-- release.lua: the release edge. Deletes the IN_PROGRESS record held by the
+-- caller's token, then publishes on the record's channel.
+--
+-- KEYS[1]  record key (a hash)
+-- ARGV[1]  lease token of the caller
+-- ARGV[2]  channel to publish on
+--
+-- Reply (always an array):
+--   {1}            released, or there was no record (a retry)
+--   {0}            lease lost: held by another token, or COMPLETE
+--   {-1, message}  the value under the key is not a record
+
+local key, token = KEYS[1], ARGV[1]
+
+local f = redis.pcall('HMGET', key, 'state', 'token')
+if f['err'] then
+  return {-1, 'key does not hold a hash: ' .. f['err']}
+end
+if not f[1] and redis.call('EXISTS', key) == 0 then return {1} end
+if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
+redis.call('DEL', key)
+redis.call('PUBLISH', ARGV[2], 'released')
+return {1}

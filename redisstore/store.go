@@ -1,0 +1,305 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is an idempotency.Store keeping records in Redis: one hash per
+// record, changed only by Lua scripts that run on the server. It is safe for
+// concurrent use. Create it with New and stop it with Close.
+type Store struct {
+	client redis.UniversalClient
+	cfg    config
+	closed atomic.Bool
+	hub    *hub
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+// New returns a Store using client, which may be a *redis.Client, a
+// Sentinel-backed client from redis.NewFailoverClient or a
+// *redis.ClusterClient. The Store does not close client. It panics when
+// client is nil.
+func New(client redis.UniversalClient, opts ...Option) *Store {
+	if client == nil {
+		panic("redisstore: New: nil client")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			panic("redisstore: New: nil Option")
+		}
+		o(&cfg)
+	}
+	return &Store{client: client, cfg: cfg, hub: newHub(client)}
+}
+
+// Close stops the Store's shared pub/sub subscription and wakes every
+// waiter. Later calls on the Store return idempotency.ErrStoreClosed. Close
+// does not close the Redis client. It is safe to call more than once.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	return s.hub.close()
+}
+
+// RecordKey returns the Redis key of the record stored under key:
+// the prefix followed by key.
+func (s *Store) RecordKey(key string) string { return s.cfg.prefix + key }
+
+// Channel returns the pub/sub channel on which the record stored under key
+// announces that it was completed or released: its Redis key followed by
+// ":changed".
+func (s *Store) Channel(key string) string { return s.cfg.prefix + key + ":changed" }
+
+// millis converts d to whole milliseconds, rounding up so that a positive
+// duration never becomes 0.
+func millis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func (s *Store) check(key, token string) error {
+	if s.closed.Load() {
+		return idempotency.ErrStoreClosed
+	}
+	if key == "" {
+		return errors.New("redisstore: empty key")
+	}
+	if token == "" {
+		return errors.New("redisstore: empty lease token")
+	}
+	return nil
+}
+
+// Acquire implements idempotency.Store in one round trip: a COMPLETE
+// record's payload comes back in the same reply. A value under the key that
+// is not a well-formed record is reported as an error wrapping
+// idempotency.ErrCorruptRecord; a server out of memory (maxmemory reached
+// with the noeviction policy) as one wrapping idempotency.ErrStoreFull.
+func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	if err := s.check(req.Key, req.Token); err != nil {
+		return idempotency.Acquisition{}, err
+	}
+	if req.Lease <= 0 || req.TTL <= 0 {
+		return idempotency.Acquisition{}, fmt.Errorf("redisstore: lease %v and TTL %v must be positive", req.Lease, req.TTL)
+	}
+	rkey := s.RecordKey(req.Key)
+	reply, err := acquireScript.Run(ctx, s.client, []string{rkey},
+		req.Token, req.Fingerprint, millis(req.Lease), millis(req.TTL)).Slice()
+	if err != nil {
+		if isOOM(err) {
+			return idempotency.Acquisition{}, fmt.Errorf("%w: %s: %v", idempotency.ErrStoreFull, rkey, err)
+		}
+		return idempotency.Acquisition{}, fmt.Errorf("redisstore: acquire %s: %w", rkey, err)
+	}
+	code, err := replyCode(rkey, reply)
+	if err != nil {
+		return idempotency.Acquisition{}, err
+	}
+	bad := func() (idempotency.Acquisition, error) {
+		return idempotency.Acquisition{}, fmt.Errorf("redisstore: acquire %s: unexpected reply %v", rkey, reply)
+	}
+	switch code {
+	case 1, 2:
+		epoch, ok := intAt(reply, 1)
+		if !ok || epoch < 1 {
+			return bad()
+		}
+		o := idempotency.Acquired
+		if code == 2 {
+			o = idempotency.Stolen
+		}
+		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
+	case 3:
+		epoch, ok1 := intAt(reply, 1)
+		meta, ok2 := strAt(reply, 2)
+		body, ok3 := strAt(reply, 3)
+		if !ok1 || !ok2 || !ok3 {
+			return bad()
+		}
+		resp, err := decode(meta, body)
+		if err != nil {
+			return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, rkey)
+		}
+		return idempotency.Acquisition{Outcome: idempotency.Completed, Epoch: uint64(epoch), Response: resp}, nil
+	case 4:
+		epoch, ok1 := intAt(reply, 1)
+		ms, ok2 := intAt(reply, 2)
+		if !ok1 || !ok2 {
+			return bad()
+		}
+		return idempotency.Acquisition{
+			Outcome:        idempotency.InFlight,
+			Epoch:          uint64(epoch),
+			LeaseRemaining: time.Duration(max(ms, 1)) * time.Millisecond,
+		}, nil
+	case 5:
+		return idempotency.Acquisition{Outcome: idempotency.Mismatch}, nil
+	}
+	return bad()
+}
+
+// Complete implements idempotency.Store. With WithWAIT, the write and a WAIT
+// go out together on one connection; a WAIT shortfall is reported to the
+// WithWAITErrorHandler and does not fail Complete.
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("redisstore: TTL %v must be positive", ttl)
+	}
+	meta, err := encodeMeta(resp)
+	if err != nil {
+		return err
+	}
+	var body []byte
+	if !resp.BodyOmitted {
+		body = resp.Body
+	}
+	rkey := s.RecordKey(key)
+	args := []any{token, millis(ttl), meta, body, s.Channel(key)}
+	var reply []any
+	if s.cfg.waitN > 0 {
+		reply, err = s.completeAndWait(ctx, rkey, args)
+	} else {
+		reply, err = completeScript.Run(ctx, s.client, []string{rkey}, args...).Slice()
+	}
+	if err != nil {
+		return fmt.Errorf("redisstore: complete %s: %w", rkey, err)
+	}
+	return s.fenced("complete", rkey, reply)
+}
+
+// completeAndWait runs the complete script and WAIT in one pipeline on the
+// connection to the record's master, so WAIT counts the replicas that have
+// the write.
+func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([]any, error) {
+	var pipe redis.Pipeliner
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		master, err := cc.MasterForKey(ctx, rkey)
+		if err != nil {
+			return nil, err
+		}
+		pipe = master.Pipeline()
+	} else {
+		pipe = s.client.Pipeline()
+	}
+	keys := []string{rkey}
+	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+		var c *redis.Cmd
+		if sha {
+			c = completeScript.EvalSha(ctx, pipe, keys, args...)
+		} else {
+			c = completeScript.Eval(ctx, pipe, keys, args...)
+		}
+		w := pipe.Do(ctx, "WAIT", s.cfg.waitN, millis(s.cfg.waitTimeout))
+		_, _ = pipe.Exec(ctx)
+		return c, w
+	}
+	c, w := run(true)
+	if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		c, w = run(false)
+	}
+	reply, err := c.Slice()
+	if err != nil {
+		return nil, err
+	}
+	if code, ok := intAt(reply, 0); ok && code == 1 && s.cfg.onWAIT != nil {
+		acked, werr := w.Int64()
+		if werr != nil {
+			s.cfg.onWAIT(ctx, &WAITError{Key: rkey, Replicas: s.cfg.waitN, Err: werr})
+		} else if acked < int64(s.cfg.waitN) {
+			s.cfg.onWAIT(ctx, &WAITError{Key: rkey, Replicas: s.cfg.waitN, Acked: int(acked)})
+		}
+	}
+	return reply, nil
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	rkey := s.RecordKey(key)
+	reply, err := releaseScript.Run(ctx, s.client, []string{rkey}, token, s.Channel(key)).Slice()
+	if err != nil {
+		return fmt.Errorf("redisstore: release %s: %w", rkey, err)
+	}
+	return s.fenced("release", rkey, reply)
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("redisstore: lease %v must be positive", lease)
+	}
+	rkey := s.RecordKey(key)
+	reply, err := extendScript.Run(ctx, s.client, []string{rkey}, token, millis(lease)).Slice()
+	if err != nil {
+		return fmt.Errorf("redisstore: extend %s: %w", rkey, err)
+	}
+	return s.fenced("extend", rkey, reply)
+}
+
+// fenced interprets the reply of a complete, release or extend script.
+func (s *Store) fenced(op, rkey string, reply []any) error {
+	code, err := replyCode(rkey, reply)
+	if err != nil {
+		return err
+	}
+	switch code {
+	case 1:
+		return nil
+	case 0:
+		return idempotency.ErrLeaseLost
+	}
+	return fmt.Errorf("redisstore: %s %s: unexpected reply %v", op, rkey, reply)
+}
+
+// replyCode returns the first element of a script reply, turning the
+// {-1, message} reply into an error wrapping idempotency.ErrCorruptRecord.
+func replyCode(rkey string, reply []any) (int64, error) {
+	code, ok := intAt(reply, 0)
+	if !ok {
+		return 0, fmt.Errorf("redisstore: %s: unexpected reply %v", rkey, reply)
+	}
+	if code == -1 {
+		msg, _ := strAt(reply, 1)
+		return 0, fmt.Errorf("%w: key %s: %s", idempotency.ErrCorruptRecord, rkey, msg)
+	}
+	return code, nil
+}
+
+func intAt(reply []any, i int) (int64, bool) {
+	if i >= len(reply) {
+		return 0, false
+	}
+	v, ok := reply[i].(int64)
+	return v, ok
+}
+
+func strAt(reply []any, i int) (string, bool) {
+	if i >= len(reply) {
+		return "", false
+	}
+	v, ok := reply[i].(string)
+	return v, ok
+}
+
+func isOOM(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "OOM ")
+}

@@ -1,0 +1,265 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not notified", what)
+	}
+}
+
+func TestWatchWakesOnCompleteAndRelease(t *testing.T) {
+	s := newStore(t, newClient(t))
+	for _, edge := range []string{"complete", "release"} {
+		key := randKey()
+		mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+		changed, stop, err := s.Watch(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-changed:
+			t.Fatalf("%s: notified before anything changed", edge)
+		default:
+		}
+		if edge == "complete" {
+			err = s.Complete(ctx, key, "t1", sampleResponse(), time.Hour)
+		} else {
+			err = s.Release(ctx, key, "t1")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No sleep between Watch and the edge: Watch returned after the
+		// subscription was confirmed, so the message cannot be missed.
+		waitClosed(t, changed, edge)
+		stop()
+	}
+}
+
+func TestWatchOnlyItsKey(t *testing.T) {
+	s := newStore(t, newClient(t))
+	a, b := randKey(), randKey()
+	mustAcquire(t, s, req(a, "t1"), idempotency.Acquired)
+	mustAcquire(t, s, req(b, "t1"), idempotency.Acquired)
+	chA, stopA, err := s.Watch(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopA()
+	chB, stopB, err := s.Watch(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopB()
+	if err := s.Release(ctx, b, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, chB, "b")
+	// b's message has been dispatched; a's waiter must still be waiting.
+	// Release a and check it fires only then.
+	select {
+	case <-chA:
+		t.Fatal("a notified by b's release")
+	default:
+	}
+	if err := s.Release(ctx, a, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, chA, "a")
+}
+
+// pubsubConns counts the server's connections named name that hold a
+// channel subscription.
+func pubsubConns(t *testing.T, c *redis.Client, name string) int {
+	t.Helper()
+	list, err := c.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, line := range strings.Split(list, "\n") {
+		fields := strings.Fields(line)
+		if !slices.Contains(fields, "name="+name) {
+			continue
+		}
+		for _, f := range fields {
+			if v, ok := strings.CutPrefix(f, "sub="); ok && v != "0" {
+				count++
+			}
+		}
+	}
+	return count
+}
+
+// TestWatchSharesOneConnection: many waiters on many keys use one pub/sub
+// connection, and a channel stays subscribed while any waiter needs it.
+func TestWatchSharesOneConnection(t *testing.T) {
+	name := strings.TrimSuffix(strings.ReplaceAll(redistest.Prefix(), ":", "-"), "-")
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ClientName: name})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	const keys, perKey = 20, 5
+	var names []string
+	type w struct {
+		key  string
+		ch   <-chan struct{}
+		stop func()
+	}
+	var ws []w
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < keys; i++ {
+		key := randKey()
+		names = append(names, key)
+		mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+		for j := 0; j < perKey; j++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ch, stop, err := s.Watch(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ws = append(ws, w{key, ch, stop})
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if n := pubsubConns(t, c, name); n != 1 {
+		t.Fatalf("%d pub/sub connections for %d waiters, want 1", n, keys*perKey)
+	}
+	numsub, err := c.PubSubNumSub(ctx, s.Channel(names[0])).Result()
+	if err != nil || numsub[s.Channel(names[0])] != 1 {
+		t.Fatalf("NUMSUB = %v, %v; want 1 subscription for 5 waiters", numsub, err)
+	}
+	// Stop all but one waiter of key 0: the channel stays subscribed and
+	// the remaining waiter is still notified.
+	var keep w
+	kept := false
+	for _, x := range ws {
+		if x.key == names[0] && !kept {
+			keep, kept = x, true
+			continue
+		}
+		x.stop()
+	}
+	if err := s.Release(ctx, names[0], "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, keep.ch, "remaining waiter")
+	keep.stop()
+	// With every waiter gone, every channel is unsubscribed.
+	if !waitUntil(5*time.Second, func() bool {
+		for _, k := range names {
+			n, err := c.PubSubNumSub(ctx, s.Channel(k)).Result()
+			if err != nil || n[s.Channel(k)] != 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("channels still subscribed after every waiter stopped")
+	}
+}
+
+// TestWatchChurn: waiters come and go on the same few channels from many
+// goroutines, while completions happen; every waiter registered before a
+// completion is notified.
+func TestWatchChurn(t *testing.T) {
+	s := newStore(t, newClient(t))
+	const goroutines, rounds = 16, 20
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				key := randKey()
+				tok := "t" + strconv.Itoa(g)
+				if _, err := s.Acquire(ctx, req(key, tok)); err != nil {
+					t.Error(err)
+					return
+				}
+				ch, stop, err := s.Watch(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				// Subscribe and unsubscribe a neighbour channel too.
+				_, stop2, err := s.Watch(ctx, key[:10])
+				if err != nil {
+					t.Error(err)
+					stop()
+					return
+				}
+				stop2()
+				if err := s.Complete(ctx, key, tok, sampleResponse(), time.Minute); err != nil {
+					t.Error(err)
+				}
+				select {
+				case <-ch:
+				case <-time.After(5 * time.Second):
+					t.Errorf("goroutine %d round %d: completion not notified", g, r)
+				}
+				stop()
+			}
+		}(g)
+	}
+	wg.Wait()
+}
+
+func TestWatchContextCancelled(t *testing.T) {
+	s := newStore(t, newClient(t))
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _, err := s.Watch(cctx, randKey())
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Watch with a cancelled context = %v", err)
+	}
+	// The store still works for other waiters.
+	key := randKey()
+	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+	ch, stop, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := s.Release(ctx, key, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, ch, "after a cancelled Watch")
+}
+
+func waitUntil(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
