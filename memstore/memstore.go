@@ -44,8 +44,8 @@ var ErrInvalid = errors.New("memstore: invalid argument")
 type Store struct {
 	shards     [shardCount]shard
 	seed       maphash.Seed
-	clock      func() time.Time
-	epoch      time.Time // the clock's reading at New; instants count from it
+	clock      func() time.Time // nil: the monotonic clock, read through time.Since
+	epoch      time.Time        // the clock's reading at New; instants count from it
 	maxEntries int64
 	count      atomic.Int64
 	closed     atomic.Bool
@@ -64,10 +64,13 @@ func New(opts ...Option) *Store {
 	s := &Store{
 		seed:       maphash.MakeSeed(),
 		clock:      cfg.clock,
-		epoch:      cfg.clock(),
+		epoch:      time.Now(),
 		maxEntries: int64(cfg.maxEntries),
 		quit:       make(chan struct{}),
 		swept:      make(chan struct{}),
+	}
+	if cfg.clock != nil {
+		s.epoch = cfg.clock()
 	}
 	for i := range s.shards {
 		s.shards[i].records = make(map[string]record)
@@ -105,7 +108,15 @@ func (s *Store) shard(key string) *shard {
 	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
 }
 
-func (s *Store) now() instant { return instant(s.clock().Sub(s.epoch)) }
+// now reads the store's clock. Without WithClock it reads only the
+// monotonic clock (time.Since of a reading that carries one), which costs
+// about half of time.Now.
+func (s *Store) now() instant {
+	if s.clock == nil {
+		return instant(time.Since(s.epoch))
+	}
+	return instant(s.clock().Sub(s.epoch))
+}
 
 // reserve takes room for one new record, reporting false when full.
 func (s *Store) reserve() bool {

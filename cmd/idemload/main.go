@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -60,6 +61,7 @@ type options struct {
 	redis       string
 	rounds      int
 	warm        int
+	cpuprofile  string
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
@@ -74,6 +76,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redis, "redis", "", `Redis store: "" for memstore, "auto" for a private redis-server, or a loopback host:port`)
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds of (bare, floor, middleware); the median round is reported (1..20)")
 	fs.IntVar(&o.warm, "warm", 1000, "requests sent before each measurement, whose keys dup requests repeat (1..100000)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the first round's middleware measurement (client and server) to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -175,6 +178,13 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 			if err != nil {
 				return err
 			}
+			stopProfile := func() {}
+			if o.cpuprofile != "" && t == targets[len(targets)-1] && round == 1 {
+				if stopProfile, err = startCPUProfile(o.cpuprofile); err != nil {
+					srv.Close()
+					return err
+				}
+			}
 			name := t.name
 			if o.rounds > 1 {
 				name = fmt.Sprintf("%s #%d", t.name, round)
@@ -185,6 +195,7 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 					fmt.Fprintf(out, "  [%-13s] %5.1fs %9d req %9.0f req/s\n", name, elapsed.Seconds(), done, float64(done)/elapsed.Seconds())
 				},
 			})
+			stopProfile()
 			client.CloseIdleConnections()
 			srv.Close()
 			if err != nil {
@@ -200,6 +211,22 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
+// ratioOf returns the median over rounds of a's throughput relative to b's
+// in the same round.
+func ratioOf(a, b *target) float64 {
+	rs := make([]float64, 0, len(a.results))
+	for i := range a.results {
+		if bt := b.results[i].Throughput(); bt > 0 {
+			rs = append(rs, a.results[i].Throughput()/bt)
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2]
+}
+
 // median returns the result of median throughput.
 func median(rs []*load.Result) *load.Result {
 	s := slices.Clone(rs)
@@ -209,24 +236,28 @@ func median(rs []*load.Result) *load.Result {
 
 func report(out io.Writer, targets []*target) {
 	fmt.Fprintln(out)
-	fmt.Fprintf(out, "%-11s %10s %9s %9s %8s  %s\n", "target", "req/s", "p50", "p99", "errors", "middleware ratio")
-	base := map[string]float64{}
+	fmt.Fprintf(out, "%-11s %10s %9s %9s %8s  %s\n", "target", "req/s", "p50", "p99", "errors", "middleware throughput ratio")
+	last := targets[len(targets)-1]
 	var mw *load.Result
 	for _, t := range targets {
 		r := median(t.results)
-		base[t.name] = r.Throughput()
 		ratio := ""
-		if t.name == "middleware" {
+		if t == last {
 			mw = r
 			var parts []string
 			for _, b := range targets[:len(targets)-1] {
-				if base[b.name] > 0 {
-					parts = append(parts, fmt.Sprintf("%.2fx %s", r.Throughput()/base[b.name], b.name))
-				}
+				parts = append(parts, fmt.Sprintf("%.2fx %s", ratioOf(last, b), b.name))
 			}
 			ratio = strings.Join(parts, ", ")
 		}
-		fmt.Fprintf(out, "%-11s %10.0f %9s %9s %8d  %s\n", t.name, r.Throughput(), round(r.Latency.P50), round(r.Latency.P99), r.Errors, ratio)
+		errs := int64(0)
+		for _, r := range t.results {
+			errs += r.Errors
+		}
+		fmt.Fprintf(out, "%-11s %10.0f %9s %9s %8d  %s\n", t.name, r.Throughput(), round(r.Latency.P50), round(r.Latency.P99), errs, ratio)
+	}
+	if len(last.results) > 1 {
+		fmt.Fprintf(out, "(median of %d rounds; a ratio is the median of the rounds' ratios)\n", len(last.results))
 	}
 	if mw == nil {
 		return
@@ -263,6 +294,23 @@ func round(d time.Duration) string {
 		return d.Round(100 * time.Nanosecond).String()
 	}
 	return d.String()
+}
+
+// startCPUProfile starts a CPU profile into path and returns the function
+// that stops it.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // deleteKeys removes the keys under prefix that a run left in Redis.
