@@ -317,7 +317,7 @@ func TestCheckerRejectsBrokenStore(t *testing.T) {
 	reliability.Report(t, reliability.Result{
 		Scenario: "linearizability: broken store rejected", Store: "broken",
 		Operations: int64(len(h.ops)), Faults: broken.written.Load(),
-		Caught: map[bool]int64{true: 1}[res == porcupine.Illegal],
+		Caught:     map[bool]int64{true: 1}[res == porcupine.Illegal],
 		Violations: map[bool]int64{true: 1}[res != porcupine.Illegal],
 	})
 	if res != porcupine.Illegal {
