@@ -43,6 +43,15 @@ func newRedisStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Opt
 	return s
 }
 
+// newRedisStoreWithPrefix returns a Store over c under prefix, for stores
+// that share records.
+func newRedisStoreWithPrefix(t testing.TB, c redis.UniversalClient, prefix string) *redisstore.Store {
+	t.Helper()
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // events collects the middleware's events.
 type events struct {
 	mu  sync.Mutex
