@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/memstore"
 	"github.com/go-idempotency/idempotency/redisstore"
 )
 
@@ -48,6 +49,14 @@ func newRedisStore(t testing.TB, c redis.UniversalClient, opts ...redisstore.Opt
 func newRedisStoreWithPrefix(t testing.TB, c redis.UniversalClient, prefix string) *redisstore.Store {
 	t.Helper()
 	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newMemstore returns a memstore closed when t ends.
+func newMemstore(t testing.TB) *memstore.Store {
+	t.Helper()
+	s := memstore.New()
 	t.Cleanup(func() { s.Close() })
 	return s
 }
