@@ -137,18 +137,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		TTL:         h.cfg.ttl,
 	}
 	acq, err := h.store.Acquire(r.Context(), rq.acq)
-	if err != nil {
-		rq.acquireFailed(err)
-		return
-	}
-	if acq.Outcome == InFlight && h.cfg.wait > 0 {
+	if err == nil && acq.Outcome == InFlight && h.cfg.wait > 0 {
 		acq, err = rq.wait(acq)
-		if err != nil {
-			if r.Context().Err() == nil {
-				rq.acquireFailed(err)
-			}
-			return
+	}
+	if err != nil {
+		// A client that went away gets nothing, and above all no
+		// unprotected execution in fail-open mode.
+		if r.Context().Err() == nil {
+			rq.acquireFailed(err)
 		}
+		return
 	}
 	rq.serve(acq)
 }
