@@ -20,6 +20,11 @@ type FingerprintFunc func(r *http.Request, body []byte) string
 // query and the body, each length-prefixed so that no two requests share an
 // input.
 func DefaultFingerprint(r *http.Request, body []byte) string {
+	var out [sha256.Size]byte
+	return string(appendDefaultFingerprint(out[:0], r, body))
+}
+
+func appendDefaultFingerprint(dst []byte, r *http.Request, body []byte) []byte {
 	f := fingerprintPool.Get().(*fingerprinter)
 	f.h.Reset()
 	b := f.scratch[:0]
@@ -30,12 +35,12 @@ func DefaultFingerprint(r *http.Request, body []byte) string {
 	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
 	f.h.Write(b)
 	f.h.Write(body)
-	sum := string(f.h.Sum(f.sum[:0]))
+	dst = append(dst, f.h.Sum(f.sum[:0])...)
 	if cap(b) <= maxPooledScratch {
 		f.scratch = b[:0]
 		fingerprintPool.Put(f)
 	}
-	return sum
+	return dst
 }
 
 // fingerprinter is a reusable SHA-256 state with room for the length-prefixed
@@ -74,16 +79,23 @@ func appendStorageKey(dst []byte, scope, key string) []byte {
 	return hex.AppendEncode(dst, sum[:])
 }
 
-// storageKeyAndToken returns the storage key of (scope, key) and a fresh
-// random lease token, built in one allocation.
-func storageKeyAndToken(scope, key string) (storageKey, token string) {
-	var out [2*sha256.Size + 2*tokenBytes]byte
+// identity returns the storage key of (scope, key), a fresh random lease
+// token and the request's fingerprint. With the default fingerprint the
+// three share one allocation.
+func (c *config) identity(r *http.Request, scope, key string, body []byte) (storageKey, token, fingerprint string) {
+	const k, t = 2 * sha256.Size, 2 * tokenBytes
+	var out [k + t + sha256.Size]byte
 	b := appendStorageKey(out[:0], scope, key)
-	var t [tokenBytes]byte
-	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (Go 1.24)
-	b = hex.AppendEncode(b, t[:])
+	var random [tokenBytes]byte
+	_, _ = rand.Read(random[:]) // crypto/rand.Read never fails (Go 1.24)
+	b = hex.AppendEncode(b, random[:])
+	if c.fingerprint == nil {
+		b = appendDefaultFingerprint(b, r, body)
+		s := string(b)
+		return s[:k], s[k : k+t], s[k+t:]
+	}
 	s := string(b)
-	return s[:2*sha256.Size], s[2*sha256.Size:]
+	return s[:k], s[k:], c.fingerprint(r, body)
 }
 
 // tokenBytes is the size of a lease token's randomness.

@@ -3,6 +3,7 @@ module github.com/go-idempotency/idempotency
 go 1.24
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/google/uuid v1.6.0
 	github.com/redis/go-redis/v9 v9.22.0

@@ -117,6 +117,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	body, status, code, detail := readBody(r, h.cfg.maxRequestBody, &rq.body)
+	defer rq.body.free(r)
 	if status != 0 {
 		rq.emit(EventRejected, status, nil)
 		rq.problem(status, code, detail, 0)
@@ -127,27 +128,25 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
-	storageKey, token := storageKeyAndToken(scope, key)
+	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, body)
 	rq.acq = AcquireRequest{
 		Key:         storageKey,
 		Token:       token,
-		Fingerprint: h.cfg.fingerprint(r, body),
+		Fingerprint: fingerprint,
 		Lease:       h.cfg.lease,
 		TTL:         h.cfg.ttl,
 	}
 	acq, err := h.store.Acquire(r.Context(), rq.acq)
-	if err != nil {
-		rq.acquireFailed(err)
-		return
-	}
-	if acq.Outcome == InFlight && h.cfg.wait > 0 {
+	if err == nil && acq.Outcome == InFlight && h.cfg.wait > 0 {
 		acq, err = rq.wait(acq)
-		if err != nil {
-			if r.Context().Err() == nil {
-				rq.acquireFailed(err)
-			}
-			return
+	}
+	if err != nil {
+		// A client that went away gets nothing, and above all no
+		// unprotected execution in fail-open mode.
+		if r.Context().Err() == nil {
+			rq.acquireFailed(err)
 		}
+		return
 	}
 	rq.serve(acq)
 }
@@ -405,10 +404,13 @@ func (hb *heartbeat) beat() {
 }
 
 // bodyReader replaces the request body the middleware read, so that the
-// handler reads it again.
+// handler reads it again. Its buffer comes from a pool and goes back when the
+// middleware returns; r.Body is then http.NoBody, so nothing can read a
+// buffer that another request reuses.
 type bodyReader struct {
-	b   []byte
-	off int
+	b    []byte
+	off  int
+	pool *[]byte
 }
 
 func (br *bodyReader) Read(p []byte) (int, error) {
@@ -422,9 +424,28 @@ func (br *bodyReader) Read(p []byte) (int, error) {
 
 func (br *bodyReader) Close() error { return nil }
 
-// readBody reads the request body (at most limit bytes) and replaces r.Body
-// with a reader over what was read. A non-zero status means the request is
-// refused with that status.
+// free returns the buffer to the pool.
+func (br *bodyReader) free(r *http.Request) {
+	if br.pool == nil {
+		return
+	}
+	if r.Body == br {
+		r.Body = http.NoBody
+	}
+	if cap(*br.pool) <= maxPooledBody {
+		bodyPool.Put(br.pool)
+	}
+	*br = bodyReader{}
+}
+
+// maxPooledBody keeps unusually large buffers out of the pool.
+const maxPooledBody = 64 << 10
+
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
+
+// readBody reads the request body (at most limit bytes) into dst and
+// replaces r.Body with dst. A non-zero status means the request is refused
+// with that status.
 func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, status int, code Code, detail string) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, "", ""
@@ -436,12 +457,13 @@ func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, statu
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
+	dst.pool = bodyPool.Get().(*[]byte)
+	b := (*dst.pool)[:0]
 	// One byte over the known length lets the read see EOF without growing.
-	size := int64(512)
-	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1
+	if r.ContentLength >= 0 && int64(cap(b)) <= r.ContentLength {
+		b = make([]byte, 0, r.ContentLength+1)
 	}
-	b := make([]byte, 0, min(size, limit+1))
+	defer func() { *dst.pool = b[:0] }()
 	for {
 		if len(b) == cap(b) {
 			if int64(len(b)) > limit {
@@ -461,7 +483,7 @@ func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, statu
 			return nil, http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read"
 		}
 	}
-	*dst = bodyReader{b: b}
+	dst.b = b
 	r.Body = dst
 	return b, 0, "", ""
 }

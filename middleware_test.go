@@ -528,3 +528,22 @@ func TestObserverAndLogsNeverCarryRawKey(t *testing.T) {
 		t.Fatalf("logs carry the raw key or body: %q", out)
 	}
 }
+
+// TestClientGoneBeforeAcquire: a request whose client has gone is not run,
+// not even in fail-open mode, where a store error would otherwise let it run
+// unprotected.
+func TestClientGoneBeforeAcquire(t *testing.T) {
+	c := &counter{}
+	h := idempotency.New(newMemStore(t), idempotency.WithFailOpen(true))(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x")).WithContext(ctx)
+	req.Header.Set("Idempotency-Key", "k")
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if c.n.Load() != 0 {
+		t.Fatalf("handler ran %d times for a client that had gone", c.n.Load())
+	}
+	if res := do(h, http.MethodPost, "k", "x"); res.StatusCode != 201 || c.n.Load() != 1 {
+		t.Fatalf("the key was left taken: %d", res.StatusCode)
+	}
+}

@@ -16,7 +16,7 @@ type config struct {
 	methods         []string
 	keyRequired     bool
 	keyScope        func(*http.Request) string
-	fingerprint     FingerprintFunc
+	fingerprint     FingerprintFunc // nil: DefaultFingerprint
 	maxRequestBody  int64
 	maxResponseBody int
 	storeSetCookie  bool
@@ -33,7 +33,6 @@ func defaultConfig() config {
 		ttl:             24 * time.Hour,
 		lease:           10 * time.Second,
 		methods:         []string{http.MethodPost, http.MethodPatch},
-		fingerprint:     DefaultFingerprint,
 		maxRequestBody:  1 << 20,
 		maxResponseBody: 1 << 20,
 		releaseStatus:   func(status int) bool { return status >= 500 },

@@ -42,7 +42,11 @@ type Store interface {
 	// retried Acquire is safe; it never shortens the lease.
 	//
 	// Acquire returns ErrStoreFull when the record cannot be created for lack
-	// of room. Any other error means the store could not be reached.
+	// of room (memstore's bound; Redis at maxmemory under noeviction), and an
+	// error wrapping ErrCorruptRecord when the stored value is not a record.
+	// Any other error means the store could not be reached or refused the
+	// arguments (an empty key or token, a non-positive lease or TTL); it
+	// changes nothing.
 	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
 
 	// Complete stores resp as the record's payload and moves the record to
@@ -71,7 +75,9 @@ type Store interface {
 	// notification is a hint: the waiter must re-check, and must bound its
 	// wait, since a notification can be lost (for example over a network),
 	// and a steal or an expiry need not notify.
-	// stop releases the subscription and must be called exactly once.
+	// Extra wake-ups (a broken connection, Close) are allowed: the re-check
+	// makes them harmless. stop releases the subscription and must be called
+	// exactly once.
 	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
 }
 
@@ -161,8 +167,9 @@ var (
 	ErrStoreFull = errors.New("idempotency: store full")
 	// ErrStoreClosed is returned by a store used after Close.
 	ErrStoreClosed = errors.New("idempotency: store closed")
-	// ErrCorruptRecord is returned (wrapped) by Acquire when the stored record
-	// cannot be decoded. The middleware answers 500 and neither replays nor
-	// runs the handler.
+	// ErrCorruptRecord is returned (wrapped) when the value stored under a
+	// record's key is not a record or cannot be decoded (by Acquire, and by
+	// Complete, Release and Extend, which then change nothing). The
+	// middleware answers 500 and neither replays nor runs the handler.
 	ErrCorruptRecord = errors.New("idempotency: corrupt record")
 )

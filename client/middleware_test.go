@@ -326,16 +326,16 @@ func TestMiddlewareMaxAttemptsAndElapsed(t *testing.T) {
 		}
 	})
 	t.Run("elapsed", func(t *testing.T) {
-		// Retry-After is the lease left, 8-10s: two waits fit in 22s, three do not.
+		// A 409 says Retry-After: 1; two waits fit in 2.5s, three do not.
 		clock := newFakeClock()
-		resp := send(newTestTransport(nil, clock, WithMaxAttempts(100), WithMaxElapsed(22*time.Second)))
+		resp := send(newTestTransport(nil, clock, WithMaxAttempts(100), WithMaxElapsed(2500*time.Millisecond)))
 		if Attempts(resp) != 3 || len(clock.delays()) != 2 {
 			t.Errorf("Attempts = %d after waits %v, want 3 after 2", Attempts(resp), clock.delays())
 		}
 	})
 	t.Run("Retry-After beyond budget", func(t *testing.T) {
 		clock := newFakeClock()
-		resp := send(newTestTransport(nil, clock, WithMaxElapsed(5*time.Second)))
+		resp := send(newTestTransport(nil, clock, WithMaxElapsed(500*time.Millisecond)))
 		if Attempts(resp) != 1 || len(clock.delays()) != 0 {
 			t.Errorf("Attempts = %d after waits %v, want 1 at once", Attempts(resp), clock.delays())
 		}

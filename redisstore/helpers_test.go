@@ -33,9 +33,19 @@ func clientFor(t testing.TB, addr string) *redis.Client {
 // closed when t ends.
 func newStore(t testing.TB, client redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
 	t.Helper()
-	opts = append([]redisstore.Option{redisstore.WithPrefix(redistest.Prefix())}, opts...)
+	prefix := redistest.Prefix()
+	opts = append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)
 	s := redisstore.New(client, opts...)
 	t.Cleanup(func() { s.Close() })
+	if c, ok := client.(*redis.Client); ok && !privateServer() {
+		// A shared server: remove this store's records, and only those.
+		t.Cleanup(func() {
+			iter := c.Scan(context.Background(), 0, prefix+"*", 100).Iterator()
+			for iter.Next(context.Background()) {
+				c.Del(context.Background(), iter.Val())
+			}
+		})
+	}
 	return s
 }
 

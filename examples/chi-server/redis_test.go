@@ -1,0 +1,46 @@
+package main
+
+import (
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-idempotency/idempotency/internal/redistest"
+)
+
+// TestTwoServersShareRedis runs two API instances, each with its own Redis
+// client and store, like two processes behind a load balancer: a duplicate
+// sent to the second replays the first's response, and the payment ran once.
+func TestTwoServersShareRedis(t *testing.T) {
+	addr := redistest.Addr(t)
+	var urls []string
+	var apis []*api
+	for i := 0; i < 2; i++ {
+		store, name, closeStore, err := openStore(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(closeStore)
+		if name != "redis "+addr {
+			t.Fatalf("store %q", name)
+		}
+		a := newAPI(store, slog.New(slog.DiscardHandler))
+		srv := httptest.NewServer(a.routes())
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+		apis = append(apis, a)
+	}
+	key := "order-" + redistest.Prefix() // unique on a shared REDIS_ADDR
+	const body = `{"amount":1999,"currency":"EUR"}`
+	first, firstBody := client{t, urls[0]}.post("/payments", "alice", key, body)
+	second, secondBody := client{t, urls[1]}.post("/payments", "alice", key, body)
+	if first.StatusCode != 201 || second.StatusCode != 201 {
+		t.Fatalf("statuses %d %d", first.StatusCode, second.StatusCode)
+	}
+	if secondBody != firstBody || second.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("second server did not replay the first's response: %q vs %q", secondBody, firstBody)
+	}
+	if n0, n1 := apis[0].executed.Load(), apis[1].executed.Load(); n0 != 1 || n1 != 0 {
+		t.Fatalf("executions %d and %d, want 1 and 0", n0, n1)
+	}
+}

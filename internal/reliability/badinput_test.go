@@ -1,0 +1,179 @@
+package reliability_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/internal/reliability"
+)
+
+// TestCorruptRecordsOverHTTP plants values under the record's Redis key that
+// the store never wrote: every request answers 500 record_unreadable, the
+// observer gets an EventStoreError wrapping ErrCorruptRecord, the handler
+// never runs and nothing is replayed or overwritten.
+func TestCorruptRecordsOverHTTP(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { c.Close() })
+	prefix := redistest.Prefix()
+	store := newRedisStoreWithPrefix(t, c, prefix)
+	ev := &events{}
+	ex := newExecutions()
+	srv, client := serve(t, idempotency.New(store, idempotency.WithObserver(ev.observe))(echoHandler(ex, nil)))
+
+	// A genuine record, to take real fields from.
+	if a := postKey(client, srv.URL, "genuine", "b"); a.status != 201 {
+		t.Fatal(a)
+	}
+	genuine := c.HGetAll(ctx, prefix+idempotency.StorageKey("", "genuine")).Val()
+	far := time.Now().Add(time.Hour).UnixMilli()
+	with := func(changes ...any) []any {
+		m := map[string]any{}
+		for k, v := range genuine {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(changes); i += 2 {
+			if changes[i+1] == nil {
+				delete(m, changes[i].(string))
+			} else {
+				m[changes[i].(string)] = changes[i+1]
+			}
+		}
+		var out []any
+		for k, v := range m {
+			out = append(out, k, v)
+		}
+		return out
+	}
+	plants := map[string]func(rkey string){
+		"string":               func(rkey string) { c.Set(ctx, rkey, "not a record", 0) },
+		"list":                 func(rkey string) { c.RPush(ctx, rkey, "a", "b") },
+		"set":                  func(rkey string) { c.SAdd(ctx, rkey, "a") },
+		"sorted set":           func(rkey string) { c.ZAdd(ctx, rkey, redis.Z{Score: 1, Member: "a"}) },
+		"stream":               func(rkey string) { c.XAdd(ctx, &redis.XAddArgs{Stream: rkey, Values: []string{"a", "b"}}) },
+		"foreign hash":         func(rkey string) { c.HSet(ctx, rkey, "user", "42", "name", "someone else's data") },
+		"truncated meta":       func(rkey string) { c.HSet(ctx, rkey, with("meta", genuine["meta"][:len(genuine["meta"])-2])...) },
+		"empty meta":           func(rkey string) { c.HSet(ctx, rkey, with("meta", "")...) },
+		"garbage meta":         func(rkey string) { c.HSet(ctx, rkey, with("meta", "\xff\xff\xff\xff")...) },
+		"missing body":         func(rkey string) { c.HSet(ctx, rkey, with("body", nil)...) },
+		"unknown state":        func(rkey string) { c.HSet(ctx, rkey, with("state", "failed")...) },
+		"epoch not a number":   func(rkey string) { c.HSet(ctx, rkey, with("epoch", "many")...) },
+		"in progress no lease": func(rkey string) { c.HSet(ctx, rkey, with("state", "in_progress", "expires_at", far)...) },
+	}
+	var ops, faults, violations int64
+	for name, plant := range plants {
+		key := "corrupt-" + strings.ReplaceAll(name, " ", "-")
+		rkey := prefix + idempotency.StorageKey("", key)
+		plant(rkey)
+		faults++
+		before := c.Dump(ctx, rkey).Val()
+		for i := 0; i < 2; i++ {
+			ops++
+			a := postKey(client, srv.URL, key, "b")
+			if a.status != 500 || a.code != string(idempotency.CodeRecordUnreadable) || a.replayed {
+				t.Errorf("%s: %v, want 500 record_unreadable", name, a)
+				violations++
+			}
+		}
+		if ex.of(key) != 0 {
+			t.Errorf("%s: the handler ran on a corrupt record", name)
+			violations++
+		}
+		if after := c.Dump(ctx, rkey).Val(); after != before {
+			t.Errorf("%s: the corrupt value was changed", name)
+			violations++
+		}
+	}
+	n := 0
+	for _, e := range ev.all {
+		if e.Kind == idempotency.EventStoreError {
+			if !errors.Is(e.Err, idempotency.ErrCorruptRecord) || e.Status != 500 {
+				t.Errorf("store error event %+v does not wrap ErrCorruptRecord with status 500", e)
+			}
+			n++
+		}
+	}
+	if n != 2*len(plants) {
+		t.Errorf("%d store error events for %d corrupt requests", n, 2*len(plants))
+	}
+	reliability.Report(t, reliability.Result{Scenario: "bad input: corrupt records in Redis", Store: "redis",
+		Operations: ops, Faults: faults, Violations: violations})
+}
+
+// rawRequest sends a hand-written HTTP/1.1 request to addr and returns the
+// status code of the reply.
+func rawRequest(t *testing.T, addr, head string, body []byte) int {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		io.WriteString(conn, head)
+		conn.Write(body)
+	}()
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// TestOversizedInputThroughServer: oversized keys, bodies and header counts
+// sent over a real connection get their documented 4xx, and the handler
+// never runs.
+func TestOversizedInputThroughServer(t *testing.T) {
+	ex := newExecutions()
+	srv, client := serve(t, idempotency.New(newMemstore(t), idempotency.WithMaxRequestBody(64<<10))(echoHandler(ex, nil)))
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	manyKeys := strings.Repeat("Idempotency-Key: k\r\n", 1000)
+	cases := []struct {
+		name string
+		head string
+		body []byte
+		want int
+	}{
+		{"1000 key lines", "POST / HTTP/1.1\r\nHost: x\r\n" + manyKeys + "Content-Length: 0\r\n\r\n", nil, 400},
+		{"two key lines", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\r\nIdempotency-Key: b\r\nContent-Length: 0\r\n\r\n", nil, 400},
+		{"256-byte key", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + strings.Repeat("k", 256) + "\r\nContent-Length: 0\r\n\r\n", nil, 400},
+		{"256-byte quoted key", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"" + strings.Repeat("k", 256) + "\"\r\nContent-Length: 0\r\n\r\n", nil, 400},
+		{"64KiB key", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + strings.Repeat("k", 64<<10) + "\r\nContent-Length: 0\r\n\r\n", nil, 400},
+		{"body over the cap", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Length: 70000\r\n\r\n", bytes.Repeat([]byte("x"), 70000), 413},
+		{"chunked body over the cap", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big2\r\nTransfer-Encoding: chunked\r\n\r\n",
+			[]byte(fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", 70000, strings.Repeat("y", 70000))), 413},
+		{"control byte in key", "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\nContent-Length: 0\r\n\r\n", nil, 400},
+	}
+	var violations int64
+	for _, tc := range cases {
+		if got := rawRequest(t, addr, tc.head, tc.body); got != tc.want {
+			t.Errorf("%s: status %d, want %d", tc.name, got, tc.want)
+			violations++
+		}
+	}
+	if ex.total() != 0 {
+		t.Errorf("the handler ran %d times on refused input", ex.total())
+		violations++
+	}
+	// The server still serves a good request afterwards.
+	if a := postKey(client, srv.URL, "fine", "b"); a.status != 201 {
+		t.Errorf("good request after bad input: %v", a)
+	}
+	reliability.Report(t, reliability.Result{Scenario: "bad input: oversized keys, bodies, header lines", Store: "memstore",
+		Operations: int64(len(cases)) + 1, Faults: int64(len(cases)), Violations: violations})
+}
