@@ -46,6 +46,8 @@ type Result struct {
 	// ConcDup pair counts as two requests of kind ConcDup).
 	Latency Latency
 	ByKind  [kinds]Latency
+	// Replayed counts, by kind, the responses marked Idempotent-Replayed.
+	Replayed [kinds]int64
 	// FirstError is the first error seen, for the report.
 	FirstError error
 }
@@ -92,6 +94,7 @@ type worker struct {
 	url    string
 	rng    *mrand.Rand
 	lat    [kinds][]time.Duration
+	replay [kinds]int64
 	status map[int]int64
 	errs   int64
 	first  error
@@ -130,6 +133,9 @@ func (w *worker) do(ctx context.Context, key string, kind Kind, dup bool) {
 	defer w.mu.Unlock()
 	w.lat[kind] = append(w.lat[kind], d)
 	w.status[resp.StatusCode]++
+	if resp.Header.Get("Idempotent-Replayed") == "true" {
+		w.replay[kind]++
+	}
 	ok := resp.StatusCode == http.StatusCreated ||
 		(kind == ConcDup && resp.StatusCode == http.StatusConflict)
 	if !ok {
@@ -254,6 +260,9 @@ func Run(ctx context.Context, client *http.Client, cfg Config) (*Result, error) 
 			res.Status[code] += n
 		}
 		res.Errors += w.errs
+		for k := range kinds {
+			res.Replayed[k] += w.replay[k]
+		}
 		if res.FirstError == nil {
 			res.FirstError = w.first
 		}

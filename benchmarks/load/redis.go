@@ -120,3 +120,9 @@ func RedisVersion(ctx context.Context, c redis.UniversalClient) string {
 	}
 	return ""
 }
+
+// PID returns the server's process ID.
+func (s *RedisServer) PID() int { return s.cmd.Process.Pid }
+
+// Dir returns the server's temporary directory, removed by Stop.
+func (s *RedisServer) Dir() string { return s.dir }

@@ -269,7 +269,7 @@ func report(out io.Writer, targets []*target) {
 		if l.N == 0 {
 			continue
 		}
-		fmt.Fprintf(out, "  %-8s %9d req  p50 %9s  p99 %9s\n", k, l.N, round(l.P50), round(l.P99))
+		fmt.Fprintf(out, "  %-8s %9d req %9d replayed  p50 %9s  p99 %9s\n", k, l.N, mw.Replayed[k], round(l.P50), round(l.P99))
 	}
 	codes := make([]int, 0, len(mw.Status))
 	for c := range mw.Status {
