@@ -86,7 +86,7 @@ func run(c config) error {
 	}
 	count := fmt.Sprint(c.count)
 	redisTime := "0.5s"
-	keyCountN := "3000x"
+	keyCountN := "10000x"
 	if c.quick {
 		redisTime, keyCountN = "2000x", "1000x"
 	}
