@@ -143,12 +143,19 @@ func BenchmarkAcquireReplay(b *testing.B) {
 }
 
 // BenchmarkRecordMemory reports the heap held per COMPLETE record with a
-// 1 KiB body and a few headers, as the middleware would store it, and the
-// part of it that is the store's own overhead (key, token, fingerprint,
-// record and index) rather than the response itself.
+// body of 0 B, 1 KiB and 16 KiB and a few headers, as the middleware would
+// store it, and the part of it that is the store's own overhead (key,
+// token, fingerprint, record and index) rather than the response itself:
+// the overhead stays the same whatever the body, so a record costs its
+// payload plus a constant.
 func BenchmarkRecordMemory(b *testing.B) {
+	for _, size := range []int{0, 1 << 10, 16 << 10} {
+		b.Run(fmt.Sprintf("body=%d", size), func(b *testing.B) { recordMemory(b, size) })
+	}
+}
+
+func recordMemory(b *testing.B, bodySize int) {
 	const records = 20_000
-	const bodySize = 1 << 10
 	ctx := context.Background()
 	var perRecord, payload float64
 	for b.Loop() {

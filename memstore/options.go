@@ -8,14 +8,13 @@ type Option func(*config)
 type config struct {
 	maxEntries    int
 	sweepInterval time.Duration
-	clock         func() time.Time
+	clock         func() time.Time // nil: time.Now, read through time.Since
 }
 
 func defaultConfig() config {
 	return config{
 		maxEntries:    1_000_000,
 		sweepInterval: time.Minute,
-		clock:         time.Now,
 	}
 }
 

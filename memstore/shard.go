@@ -10,7 +10,7 @@ import (
 const shardCount = 64
 
 type shardState struct {
-	mu       sync.RWMutex
+	mu       sync.Mutex
 	records  map[string]record
 	watchers map[string]*watchers
 	// nextPurge is no later than the earliest purgeAt of the shard's
@@ -33,7 +33,7 @@ func (sh *shard) noteDeadline(at instant) {
 }
 
 // purge deletes the records that are absent at now and returns how many it
-// deleted. Callers hold mu for writing.
+// deleted. Callers hold mu.
 func (sh *shard) purge(now instant) int {
 	if now < sh.nextPurge {
 		return 0

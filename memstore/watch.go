@@ -56,7 +56,7 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	return w.ch, stop, nil
 }
 
-// wake closes the channel of key's waiters. Callers hold sh.mu for writing.
+// wake closes the channel of key's waiters. Callers hold sh.mu.
 func (sh *shard) wake(key string) {
 	if w := sh.watchers[key]; w != nil {
 		close(w.ch)
@@ -64,7 +64,7 @@ func (sh *shard) wake(key string) {
 	}
 }
 
-// wakeAll closes every waiter's channel. Callers hold sh.mu for writing.
+// wakeAll closes every waiter's channel. Callers hold sh.mu.
 func (sh *shard) wakeAll() {
 	for key, w := range sh.watchers {
 		close(w.ch)

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
+	"unsafe"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -38,7 +39,8 @@ func encodeMeta(resp *idempotency.Response) ([]byte, error) {
 	if resp.Status < 200 || resp.Status > 599 {
 		return nil, fmt.Errorf("%w: status %d outside 200..599", errEncode, resp.Status)
 	}
-	names := make([]string, 0, len(resp.Header))
+	var buf [16]string
+	names := buf[:0]
 	size := 1 + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen64
 	for name, values := range resp.Header {
 		names = append(names, name)
@@ -47,7 +49,7 @@ func encodeMeta(resp *idempotency.Response) ([]byte, error) {
 			size += binary.MaxVarintLen64 + len(v)
 		}
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 
 	b := make([]byte, 0, size)
 	b = append(b, metaVersion)
@@ -142,7 +144,10 @@ func decode(meta, body string) (*idempotency.Response, error) {
 		if resp.BodyOmitted {
 			return nil, decodeError("body present but marked omitted")
 		}
-		resp.Body = []byte(body)
+		// The reply's string is the only reference to these bytes, and a
+		// Response's body is never modified (see idempotency.Acquisition),
+		// so it becomes the body without a copy.
+		resp.Body = unsafe.Slice(unsafe.StringData(body), len(body))
 	}
 	return resp, nil
 }

@@ -20,6 +20,27 @@ type Store struct {
 	cfg    config
 	closed atomic.Bool
 	hub    *hub
+
+	// The lease and TTL of the last calls, as script arguments: requests
+	// mostly repeat them, and reusing the boxed value saves an allocation.
+	lease, ttl atomic.Pointer[msArg]
+}
+
+// msArg is a duration in milliseconds, boxed as a script argument.
+type msArg struct {
+	d time.Duration
+	v any
+}
+
+// ms returns d in whole milliseconds (see millis) as a script argument,
+// reusing the value cached in last when d is the same.
+func ms(last *atomic.Pointer[msArg], d time.Duration) any {
+	if a := last.Load(); a != nil && a.d == d {
+		return a.v
+	}
+	a := &msArg{d: d, v: millis(d)}
+	last.Store(a)
+	return a.v
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -59,7 +80,16 @@ func (s *Store) RecordKey(key string) string { return s.cfg.prefix + key }
 // Channel returns the pub/sub channel on which the record stored under key
 // announces that it was completed or released: its Redis key followed by
 // ":changed".
-func (s *Store) Channel(key string) string { return s.cfg.prefix + key + ":changed" }
+func (s *Store) Channel(key string) string { return s.cfg.prefix + key + channelSuffix }
+
+const channelSuffix = ":changed"
+
+// keyAndChannel returns RecordKey(key) and Channel(key), built in one
+// allocation.
+func (s *Store) keyAndChannel(key string) (rkey, channel string) {
+	channel = s.Channel(key)
+	return channel[:len(channel)-len(channelSuffix)], channel
+}
 
 // millis converts d to whole milliseconds, rounding up so that a positive
 // duration never becomes 0.
@@ -94,7 +124,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	rkey := s.RecordKey(req.Key)
 	reply, err := acquireScript.Run(ctx, s.client, []string{rkey},
-		req.Token, req.Fingerprint, millis(req.Lease), millis(req.TTL)).Slice()
+		req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.ttl, req.TTL)).Slice()
 	if err != nil {
 		if isOOM(err) {
 			return idempotency.Acquisition{}, fmt.Errorf("%w: %s: %v", idempotency.ErrStoreFull, rkey, err)
@@ -166,8 +196,8 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if !resp.BodyOmitted {
 		body = resp.Body
 	}
-	rkey := s.RecordKey(key)
-	args := []any{token, millis(ttl), meta, body, s.Channel(key)}
+	rkey, channel := s.keyAndChannel(key)
+	args := []any{token, ms(&s.ttl, ttl), meta, body, channel}
 	var reply []any
 	if s.cfg.waitN > 0 {
 		reply, err = s.completeAndWait(ctx, rkey, args)
@@ -230,8 +260,8 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := s.check(key, token); err != nil {
 		return err
 	}
-	rkey := s.RecordKey(key)
-	reply, err := releaseScript.Run(ctx, s.client, []string{rkey}, token, s.Channel(key)).Slice()
+	rkey, channel := s.keyAndChannel(key)
+	reply, err := releaseScript.Run(ctx, s.client, []string{rkey}, token, channel).Slice()
 	if err != nil {
 		return fmt.Errorf("redisstore: release %s: %w", rkey, err)
 	}
@@ -247,7 +277,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return fmt.Errorf("redisstore: lease %v must be positive", lease)
 	}
 	rkey := s.RecordKey(key)
-	reply, err := extendScript.Run(ctx, s.client, []string{rkey}, token, millis(lease)).Slice()
+	reply, err := extendScript.Run(ctx, s.client, []string{rkey}, token, ms(&s.lease, lease)).Slice()
 	if err != nil {
 		return fmt.Errorf("redisstore: extend %s: %w", rkey, err)
 	}

@@ -1,0 +1,170 @@
+package load_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/benchmarks/load"
+	"github.com/go-idempotency/idempotency/memstore"
+)
+
+// BenchmarkLoopback measures whole HTTP requests over loopback (client and
+// server in this process) with a 1 KiB response body: the bare handler,
+// and the handler behind the middleware on memstore for first executions
+// (a fresh key per request) and replays (one completed key). clients=16
+// sends from 16 goroutines over kept-alive connections. Compare the rows of
+// one run: ns/op is the inverse of throughput.
+func BenchmarkLoopback(b *testing.B) {
+	payload := load.Payload(1 << 10)
+	for _, clients := range []int{1, 16} {
+		for _, name := range []string{"Bare", "FirstExecution", "Replay"} {
+			b.Run(fmt.Sprintf("%s/clients=%d", name, clients), func(b *testing.B) {
+				h := load.Handler(payload)
+				if name != "Bare" {
+					s := memstore.New(memstore.WithMaxEntries(1 << 26))
+					b.Cleanup(func() { s.Close() })
+					h = idempotency.New(s)(h)
+				}
+				srv, err := load.Serve(h)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { srv.Close() })
+				client := load.NewClient(clients)
+				b.Cleanup(client.CloseIdleConnections)
+				url := srv.URL + "/payments"
+				var seq atomic.Int64
+				key := func() string { return "k" + strconv.FormatInt(seq.Add(1), 10) }
+				if name == "Replay" {
+					key = func() string { return "replayed" }
+					if err := post(client, url, "replayed", http.StatusCreated); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				if clients == 1 {
+					for i := 0; i < b.N; i++ {
+						if err := post(client, url, key(), http.StatusCreated); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return
+				}
+				b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := post(client, url, key(), http.StatusCreated); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+func post(c *http.Client, url, key string, want int) error {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":"10.00"}`))
+	if err != nil {
+		return err
+	}
+	req.Header["Idempotency-Key"] = []string{key}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != want {
+		err = fmt.Errorf("status %d, want %d", resp.StatusCode, want)
+	}
+	return err
+}
+
+// BenchmarkLoopbackPaired is BenchmarkLoopback made robust to a busy
+// machine: every client alternates a request to the bare server with one to
+// the middleware's, so both see the same background load, and the
+// benchmark reports the mean latency of each and their ratio
+// (bare/middleware: the middleware's throughput relative to the bare
+// handler's for one client). An op is one request of each. It runs one
+// client only: with many, every request waits behind all the others and
+// the latencies of both kinds converge to the same queueing delay.
+func BenchmarkLoopbackPaired(b *testing.B) {
+	payload := load.Payload(1 << 10)
+	for _, clients := range []int{1} {
+		for _, name := range []string{"FirstExecution", "Replay"} {
+			b.Run(fmt.Sprintf("%s/clients=%d", name, clients), func(b *testing.B) {
+				bare, err := load.Serve(load.Handler(payload))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { bare.Close() })
+				s := memstore.New(memstore.WithMaxEntries(1 << 26))
+				b.Cleanup(func() { s.Close() })
+				mw, err := load.Serve(idempotency.New(s)(load.Handler(payload)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { mw.Close() })
+				client := load.NewClient(2 * clients)
+				b.Cleanup(client.CloseIdleConnections)
+				var seq atomic.Int64
+				key := func() string { return "k" + strconv.FormatInt(seq.Add(1), 10) }
+				if name == "Replay" {
+					key = func() string { return "replayed" }
+					if err := post(client, mw.URL, "replayed", http.StatusCreated); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var bareNs, mwNs atomic.Int64
+				pair := func() error {
+					k := key()
+					start := time.Now()
+					if err := post(client, bare.URL, k, http.StatusCreated); err != nil {
+						return err
+					}
+					mid := time.Now()
+					if err := post(client, mw.URL, k, http.StatusCreated); err != nil {
+						return err
+					}
+					bareNs.Add(int64(mid.Sub(start)))
+					mwNs.Add(int64(time.Since(mid)))
+					return nil
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				if clients == 1 {
+					for i := 0; i < b.N; i++ {
+						if err := pair(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := pair(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(bareNs.Load())/float64(b.N)/1e3, "bare-µs/req")
+				b.ReportMetric(float64(mwNs.Load())/float64(b.N)/1e3, "mw-µs/req")
+				b.ReportMetric(float64(bareNs.Load())/float64(mwNs.Load()), "throughput-ratio")
+			})
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package load
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// HeaderKind is the request header the driver sets to the kind of each
+// request ("new" or "dup"), so that the floor server knows how many round
+// trips the middleware would have made for it. Other servers ignore it.
+const HeaderKind = "X-Load-Kind"
+
+// Payload returns a response body of size bytes: a JSON document padded
+// with spaces, so that it stays valid JSON whatever the size.
+func Payload(size int) []byte {
+	const doc = `{"id":"pay_123","amount":"10.00","currency":"EUR"}`
+	if size <= len(doc) {
+		return []byte(doc[:size])
+	}
+	return append([]byte(doc), bytes.Repeat([]byte(" "), size-len(doc))...)
+}
+
+// Handler returns the handler every measurement wraps: it reads the request
+// body and answers 201 with a JSON content type, a declared length and
+// payload.
+func Handler(payload []byte) http.Handler {
+	length := []string{strconv.Itoa(len(payload))}
+	ctype := []string{"application/json"}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h["Content-Type"] = ctype
+		h["Content-Length"] = length
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(payload)
+	})
+}
+
+// FloorScript is the cheapest Lua script: one EVALSHA of it is one Redis
+// round trip and nothing more.
+var FloorScript = redis.NewScript(`return {1}`)
+
+// FloorHandler returns the Redis floor: the handler of Handler with the raw
+// EVALSHA round trips the middleware needs at best for the request's kind
+// (see HeaderKind). A first execution makes one before the handler
+// (acquire) and one after it (complete); a duplicate (replay or conflict)
+// makes one and writes the stored response without running the handler.
+func FloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
+	next := Handler(payload)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		trip := func() bool {
+			if err := FloorScript.Run(r.Context(), c, []string{"load:floor"}).Err(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return false
+			}
+			return true
+		}
+		if !trip() {
+			return
+		}
+		next.ServeHTTP(w, r)
+		if r.Header.Get(HeaderKind) != "dup" {
+			trip()
+		}
+	})
+}
+
+// Server is an HTTP server on a loopback port.
+type Server struct {
+	URL string
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Serve starts serving h on 127.0.0.1 on a free port.
+func Serve(h http.Handler) (*Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{URL: "http://" + ln.Addr().String(), srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, ln: ln}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// Close stops the server and waits for its connections to close.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return s.srv.Close()
+	}
+	return err
+}
+
+// Loopback reports whether addr (host:port) names a loopback address.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/benchmarks/load"
+	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// scriptCosts is the server-side time of one EVALSHA of each script, from
+// the change in INFO commandstats over many calls, and the number of Redis
+// commands the script runs for that edge.
+type scriptCosts struct {
+	rows []scriptCost
+}
+
+type scriptCost struct {
+	name     string
+	calls    int    // Redis commands run inside the script
+	commands string // which
+	usec     float64
+}
+
+// measureScripts runs each store edge many times, one call at a time, on a
+// private redis-server (or REDIS_ADDR, under a fresh prefix) and reads the
+// EVALSHA time per call the server accounted.
+func measureScripts(ctx context.Context) (*scriptCosts, error) {
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		srv, err := load.StartRedis()
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Stop()
+		addr = srv.Addr
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	prefix := "report:" + hex.EncodeToString(b[:]) + ":"
+	s := redisstore.New(c, redisstore.WithPrefix(prefix))
+	defer s.Close()
+
+	const n = 3000
+	resp := &idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: load.Payload(1024)}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%064d", i)
+	}
+	acq := func(key, token string) idempotency.AcquireRequest {
+		return idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: "fp", Lease: time.Minute, TTL: 5 * time.Minute}
+	}
+	var firstErr error
+	check := func(err error) {
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	phases := []struct {
+		name, commands string
+		calls          int
+		f              func(i int)
+	}{
+		{"floor (return {1})", "none", 0, func(int) { check(load.FloorScript.Run(ctx, c, []string{prefix + "floor"}).Err()) }},
+		{"acquire, new key", "HMGET, EXISTS, TIME, HSET, PEXPIREAT", 5, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
+		{"complete, 1 KiB body", "HMGET, TIME, HSET, HDEL, PEXPIRE, PUBLISH", 6, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
+		{"acquire, replay (1 KiB)", "HMGET", 1, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t2")); check(err) }},
+	}
+	out := &scriptCosts{}
+	for _, p := range phases {
+		calls0, usec0, err := evalshaStats(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		for i := 0; i < n; i++ {
+			p.f(i)
+		}
+		calls1, usec1, err := evalshaStats(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if calls1 <= calls0 {
+			return nil, fmt.Errorf("commandstats did not count the %s calls", p.name)
+		}
+		out.rows = append(out.rows, scriptCost{name: p.name, calls: p.calls, commands: p.commands, usec: float64(usec1-usec0) / float64(calls1-calls0)})
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	// Records expire by themselves; delete them now all the same.
+	for i := range keys {
+		c.Unlink(ctx, s.RecordKey(keys[i]))
+	}
+	return out, nil
+}
+
+// evalshaStats returns the calls and microseconds INFO commandstats counts
+// for EVALSHA.
+func evalshaStats(ctx context.Context, c *redis.Client) (calls, usec int64, err error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return calls, usec, nil
+}

@@ -1,0 +1,205 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/benchmarks/load"
+	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// discardWriter is a reusable http.ResponseWriter that discards the body.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) WriteHeader(code int)        { w.status = code }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) reset()                      { clear(w.h); w.status = 0 }
+
+type rewindBody struct{ bytes.Reader }
+
+func (*rewindBody) Close() error { return nil }
+
+// redisBenchCase prepares a handler and the key (and kind) of request i.
+type redisBenchCase struct {
+	name   string
+	status int // the status every measured request must get
+	setup  func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(i int) (key []string, kind string))
+}
+
+type redisBenchEnv struct {
+	client  *redis.Client
+	store   *redisstore.Store
+	payload []byte
+}
+
+func (env *redisBenchEnv) mw(opts ...idempotency.Option) func(http.Handler) http.Handler {
+	// Records outlive the benchmark only briefly on a shared server.
+	return idempotency.New(env.store, append([]idempotency.Option{idempotency.WithTTL(5 * time.Minute)}, opts...)...)
+}
+
+var reqBody = []byte(`{"amount":"10.00","currency":"EUR"}`)
+
+func serveOne(h http.Handler, key []string, body []byte) int {
+	r, _ := http.NewRequest(http.MethodPost, "http://example.com/payments", bytes.NewReader(body))
+	r.Header["Idempotency-Key"] = key
+	w := &discardWriter{h: http.Header{}}
+	h.ServeHTTP(w, r)
+	return w.status
+}
+
+func noKey(int) ([]string, string) { return nil, "new" }
+
+var redisBenchCases = []redisBenchCase{
+	{"Bare", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		return load.Handler(env.payload), noKey
+	}},
+	// Floor1 is one raw EVALSHA round trip and the handler's write: what a
+	// replay or a conflict costs at best.
+	{"Floor1", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		return load.FloorHandler(env.client, env.payload), func(int) ([]string, string) { return nil, "dup" }
+	}},
+	// Floor2 is the bare handler between two raw EVALSHA round trips: what
+	// a first execution costs at best.
+	{"Floor2", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		return load.FloorHandler(env.client, env.payload), noKey
+	}},
+	{"FirstExecution", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		keys := make([][]string, n)
+		prefix := redistest.Prefix()
+		for i := range keys {
+			keys[i] = []string{prefix + strconv.Itoa(i)}
+		}
+		return env.mw()(load.Handler(env.payload)), func(i int) ([]string, string) { return keys[i], "new" }
+	}},
+	{"Replay", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		h := env.mw()(load.Handler(env.payload))
+		key := []string{redistest.Prefix()}
+		if st := serveOne(h, key, reqBody); st != http.StatusCreated {
+			b.Fatalf("first request: %d", st)
+		}
+		return h, func(int) ([]string, string) { return key, "dup" }
+	}},
+	{"Conflict", http.StatusConflict, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		held, entered := make(chan struct{}), make(chan struct{})
+		slow := env.mw(idempotency.WithLease(time.Minute))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(entered)
+			<-held
+		}))
+		key := []string{redistest.Prefix()}
+		done := make(chan struct{})
+		go func() { serveOne(slow, key, reqBody); close(done) }()
+		<-entered
+		b.Cleanup(func() { close(held); <-done })
+		return env.mw()(load.Handler(env.payload)), func(int) ([]string, string) { return key, "dup" }
+	}},
+	{"Mismatch", http.StatusUnprocessableEntity, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		h := env.mw()(load.Handler(env.payload))
+		key := []string{redistest.Prefix()}
+		if st := serveOne(h, key, []byte("another body")); st != http.StatusCreated {
+			b.Fatalf("first request: %d", st)
+		}
+		return h, func(int) ([]string, string) { return key, "dup" }
+	}},
+}
+
+// BenchmarkMiddlewareRedis measures one request through the middleware over
+// Redis, in process (no HTTP), beside the bare handler and the floor: the
+// handler with the raw EVALSHA round trips of a trivial script that the
+// middleware needs at best (Floor1: one, for replays and conflicts; Floor2:
+// two around the handler, for first executions). clients=1 sends requests
+// one after another; clients=64 from 64 goroutines. Besides ns/op (the
+// inverse of throughput) it reports the p50 and p99 latency of a request.
+func BenchmarkMiddlewareRedis(b *testing.B) {
+	addr := redistest.Addr(b)
+	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	b.Cleanup(func() { client.Close() })
+	if err := client.Ping(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int{0, 1 << 10, 64 << 10} {
+		for _, clients := range []int{1, 64} {
+			for _, bc := range redisBenchCases {
+				b.Run(fmt.Sprintf("%s/body=%d/clients=%d", bc.name, size, clients), func(b *testing.B) {
+					env := &redisBenchEnv{client: client, payload: load.Payload(size)}
+					env.store = newStore(b, client)
+					h, key := bc.setup(b, env, b.N+1)
+					runRedisBench(b, h, key, bc.status, clients)
+				})
+			}
+		}
+	}
+}
+
+func runRedisBench(b *testing.B, h http.Handler, key func(int) ([]string, string), status, clients int) {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var all []time.Duration
+	var failed atomic.Value
+	loop := func(more func() bool) {
+		r, _ := http.NewRequest(http.MethodPost, "http://example.com/payments", nil)
+		body := &rewindBody{}
+		w := &discardWriter{h: http.Header{}}
+		lat := make([]time.Duration, 0, 1024)
+		for more() {
+			body.Reset(reqBody)
+			r.Body, r.ContentLength = body, int64(len(reqBody))
+			k, kind := key(int(next.Add(1) - 1))
+			if k != nil {
+				r.Header["Idempotency-Key"] = k
+			}
+			r.Header[load.HeaderKind] = []string{kind}
+			w.reset()
+			start := time.Now()
+			h.ServeHTTP(w, r)
+			lat = append(lat, time.Since(start))
+			if w.status != status {
+				failed.CompareAndSwap(nil, fmt.Sprintf("status %d, want %d", w.status, status))
+			}
+		}
+		mu.Lock()
+		all = append(all, lat...)
+		mu.Unlock()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	if clients == 1 {
+		i := 0
+		loop(func() bool { i++; return i <= b.N })
+	} else {
+		b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+		b.RunParallel(func(pb *testing.PB) { loop(pb.Next) })
+	}
+	b.StopTimer()
+	if msg := failed.Load(); msg != nil {
+		b.Fatal(msg)
+	}
+	reportPercentiles(b, all)
+}
+
+// reportPercentiles reports the p50 and p99 of lat, in microseconds.
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	at := func(q float64) float64 {
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))]) / float64(time.Microsecond)
+	}
+	b.ReportMetric(at(0.50), "p50-µs")
+	b.ReportMetric(at(0.99), "p99-µs")
+}
