@@ -547,3 +547,47 @@ func TestClientGoneBeforeAcquire(t *testing.T) {
 		t.Fatalf("the key was left taken: %d", res.StatusCode)
 	}
 }
+
+// fakeClock is a controllable clock for memstore.WithClock.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestPerRouteOptions: two middlewares on one store, each with its own TTL
+// and key requirement, as chi's r.With gives each route.
+func TestPerRouteOptions(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	store := newMemStore(t, memstore.WithClock(clock.Now))
+	short, long := &counter{}, &counter{}
+	shortRoute := idempotency.New(store, idempotency.WithTTL(time.Minute))(short)
+	longRoute := idempotency.New(store, idempotency.WithTTL(time.Hour), idempotency.WithKeyRequired(true))(long)
+
+	do(shortRoute, http.MethodPost, "k-short", "a")
+	do(longRoute, http.MethodPost, "k-long", "a")
+	clock.Advance(2 * time.Minute)
+	if res := do(shortRoute, http.MethodPost, "k-short", "a"); res.Header.Get("Idempotent-Replayed") != "" || short.n.Load() != 2 {
+		t.Fatalf("short-TTL route replayed after its TTL (runs %d)", short.n.Load())
+	}
+	if res := do(longRoute, http.MethodPost, "k-long", "a"); res.Header.Get("Idempotent-Replayed") != "true" || long.n.Load() != 1 {
+		t.Fatalf("long-TTL route did not replay within its TTL (runs %d)", long.n.Load())
+	}
+	if res := do(shortRoute, http.MethodPost, "", "a"); res.StatusCode != 201 {
+		t.Fatalf("short route without key: %d, want pass-through", res.StatusCode)
+	}
+	if res := do(longRoute, http.MethodPost, "", "a"); res.StatusCode != 400 {
+		t.Fatalf("long route without key: %d, want 400", res.StatusCode)
+	}
+}

@@ -49,17 +49,19 @@ func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 // WriteHeader passes the status through and takes the header snapshot.
 // Informational statuses (1xx but 101) pass through without ending the
-// header phase, as net/http does.
+// header phase, as net/http does. Later calls are dropped, as net/http
+// drops them (without its log line, which would name this file).
 func (rec *recorder) WriteHeader(code int) {
-	if !rec.wroteHeader {
-		if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
-			rec.w.WriteHeader(code)
-			return
-		}
-		rec.wroteHeader = true
-		rec.status = code
-		rec.header = storedHeader(rec.w.Header(), rec.setCookie)
+	if rec.wroteHeader {
+		return
 	}
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		rec.w.WriteHeader(code)
+		return
+	}
+	rec.wroteHeader = true
+	rec.status = code
+	rec.header = storedHeader(rec.w.Header(), rec.setCookie)
 	rec.w.WriteHeader(code)
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -75,7 +76,13 @@ func TestRecorderWritePaths(t *testing.T) {
 
 func TestHijackReleases(t *testing.T) {
 	var runs atomic.Int64
-	h := idempotency.New(newMemStore(t))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	released := make(chan struct{}, 2)
+	obs := idempotency.WithObserver(func(e idempotency.Event) {
+		if e.Kind == idempotency.EventReleased {
+			released <- struct{}{}
+		}
+	})
+	h := idempotency.New(newMemStore(t), obs)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		conn, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -92,6 +99,13 @@ func TestHijackReleases(t *testing.T) {
 		res, body := post(t, srv.Client(), srv.URL, "k", "")
 		if res == nil || body != "hijack!" || res.Header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("request %d: %v %q", i, res, body)
+		}
+		// The client has its answer before the handler returns; the key is
+		// released after that.
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the hijacked request's key was not released")
 		}
 	}
 	if runs.Load() != 2 {
