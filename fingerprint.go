@@ -8,6 +8,7 @@ import (
 	"hash"
 	"net/http"
 	"sync"
+	"sync/atomic"
 )
 
 // FingerprintFunc identifies a request's payload. Two requests with the same
@@ -86,9 +87,7 @@ func (c *config) identity(r *http.Request, scope, key string, body []byte) (stor
 	const k, t = 2 * sha256.Size, 2 * tokenBytes
 	var out [k + t + sha256.Size]byte
 	b := appendStorageKey(out[:0], scope, key)
-	var random [tokenBytes]byte
-	_, _ = rand.Read(random[:]) // crypto/rand.Read never fails (Go 1.24)
-	b = hex.AppendEncode(b, random[:])
+	b = appendToken(b)
 	if c.fingerprint == nil {
 		b = appendDefaultFingerprint(b, r, body)
 		s := string(b)
@@ -98,5 +97,25 @@ func (c *config) identity(r *http.Request, scope, key string, body []byte) (stor
 	return s[:k], s[k:], c.fingerprint(r, body)
 }
 
-// tokenBytes is the size of a lease token's randomness.
+// tokenBytes is the size of a lease token.
 const tokenBytes = 16
+
+// A lease token is a random per-process prefix and a counter: unique without
+// reading crypto/rand on every request. Tokens fence owners of one record
+// from each other and never leave the server, so they need to be unique,
+// not secret.
+var (
+	tokenPrefix  [8]byte
+	tokenCounter atomic.Uint64
+)
+
+func init() {
+	_, _ = rand.Read(tokenPrefix[:]) // crypto/rand.Read never fails (Go 1.24)
+}
+
+func appendToken(dst []byte) []byte {
+	var t [tokenBytes]byte
+	copy(t[:8], tokenPrefix[:])
+	binary.BigEndian.PutUint64(t[8:], tokenCounter.Add(1))
+	return hex.AppendEncode(dst, t[:])
+}

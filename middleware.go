@@ -432,14 +432,13 @@ func (br *bodyReader) free(r *http.Request) {
 	if r.Body == br {
 		r.Body = http.NoBody
 	}
-	if cap(*br.pool) <= maxPooledBody {
-		bodyPool.Put(br.pool)
-	}
+	bodyPool.Put(br.pool)
 	*br = bodyReader{}
 }
 
-// maxPooledBody keeps unusually large buffers out of the pool.
-const maxPooledBody = 64 << 10
+// maxPooledBody keeps unusually large buffers out of the pool; a 64 KiB
+// body (plus the byte that sees EOF) still fits.
+const maxPooledBody = 64<<10 + 1
 
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
 
@@ -463,7 +462,13 @@ func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, statu
 	if r.ContentLength >= 0 && int64(cap(b)) <= r.ContentLength {
 		b = make([]byte, 0, r.ContentLength+1)
 	}
-	defer func() { *dst.pool = b[:0] }()
+	// A buffer that grew past the pool's bound is left to the collector;
+	// the pooled one goes back as it was.
+	defer func() {
+		if cap(b) <= maxPooledBody {
+			*dst.pool = b[:0]
+		}
+	}()
 	for {
 		if len(b) == cap(b) {
 			if int64(len(b)) > limit {
