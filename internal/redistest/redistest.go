@@ -97,20 +97,35 @@ type Server struct {
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	need(t, "install redis-server/redis-tools or set REDIS_ADDR", "redis-server")
+	s, err := Launch(t.TempDir(), args...)
+	if err != nil {
+		t.Fatalf("redistest: starting redis-server: %v", err)
+	}
+	s.t = t
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts redis-server (found on PATH) on a free loopback port with
+// its files in dir and the extra configuration arguments given, and returns
+// once it answers PING. It is Start for programs that run outside a test,
+// such as a load command: the caller stops the server with Stop.
+func Launch(dir string, args ...string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("redistest: redis-server not found on PATH: %w", err)
+	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freePort(false)
 		if err != nil {
-			t.Fatalf("redistest: %v", err)
+			return nil, err
 		}
-		s := &Server{t: t, port: port, dir: t.TempDir(), args: args}
+		s := &Server{port: port, dir: dir, args: args}
 		if lastErr = s.start(); lastErr == nil {
-			t.Cleanup(s.Stop)
-			return s
+			return s, nil
 		}
 	}
-	t.Fatalf("redistest: starting redis-server: %v", lastErr)
-	return nil
+	return nil, lastErr
 }
 
 // Addr returns the server's address, "127.0.0.1:<port>".
@@ -121,6 +136,16 @@ func (s *Server) Port() int { return s.port }
 
 // Dir returns the server's working directory.
 func (s *Server) Dir() string { return s.dir }
+
+// PID returns the process ID of the running server, or 0 when it is stopped.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
 
 func (s *Server) start() error {
 	s.mu.Lock()
@@ -199,7 +224,7 @@ func (s *Server) stopLocked() {
 }
 
 // Restart stops the server and starts it again on the same port with the
-// same configuration. Data is not kept: the new process starts empty, with
+// same configuration (servers made by Start only). Data is not kept: the new process starts empty, with
 // an empty script cache.
 func (s *Server) Restart() {
 	s.t.Helper()
