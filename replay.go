@@ -7,7 +7,7 @@ import (
 
 var (
 	trueValue  = []string{"true"}
-	emptyValue = []string{"0"}
+	zeroLength = []string{"0"}
 )
 
 // replay writes a stored response to w: the stored headers over whatever w
@@ -23,7 +23,7 @@ func replay(w http.ResponseWriter, resp *Response) error {
 	h[HeaderReplayed] = slices.Clip(trueValue)
 	if resp.BodyOmitted {
 		h[HeaderBodyOmitted] = slices.Clip(trueValue)
-		h["Content-Length"] = slices.Clip(emptyValue)
+		h["Content-Length"] = slices.Clip(zeroLength)
 	}
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) == 0 {
