@@ -19,66 +19,61 @@
 -- {2, epoch} again. Only this script judges lease expiry, on the server's
 -- clock (TIME, read at most once).
 
-local key = KEYS[1]
-local token, fp = ARGV[1], ARGV[2]
-local lease, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local key, token, fp = KEYS[1], ARGV[1], ARGV[2]
 
--- The server clock, read at most once and only when needed: a replay does
--- not need it, since a COMPLETE record's key expires exactly at its TTL
--- deadline and Redis treats an expired key as absent.
-local now
-local function clock()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-
-local function take(epoch)
-  clock()
-  local lease_at, expires_at = now + lease, now + ttl
-  redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
-    'epoch', epoch, 'lease_at', lease_at, 'expires_at', expires_at)
-  redis.call('PEXPIREAT', key, math.max(lease_at, expires_at))
-end
-
--- One read serves every case; a replay needs nothing else.
-local f = redis.pcall('HMGET', key, 'state', 'token', 'fp', 'epoch', 'lease_at', 'expires_at', 'meta', 'body')
+-- One read serves every case, and a replay needs nothing else. Numbers are
+-- parsed only on the paths that use them: Redis formats and parses numbers
+-- with the C library, which costs more than the read itself.
+local f = redis.pcall('HMGET', key, 'state', 'fp', 'epoch', 'meta', 'body', 'token', 'lease_at', 'expires_at')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
-local state, holder, rfp = f[1], f[2], f[3]
-local epoch, lease_at, expires_at = tonumber(f[4]), tonumber(f[5]), tonumber(f[6])
-
-if not state and redis.call('EXISTS', key) == 0 then
-  take(1)
-  return {1, 1}
-end
-if state ~= 'in_progress' and state ~= 'complete' then
-  if state then
-    return {-1, 'field state holds an unknown value'}
-  end
-  return {-1, 'field state is missing'}
-end
-if not rfp then return {-1, 'field fp is missing'} end
-if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a positive number'} end
-if not expires_at then return {-1, 'field expires_at is missing or not a number'} end
+local state, rfp = f[1], f[2]
+local epoch = tonumber(f[3])
 
 if state == 'complete' then
+  if not rfp then return {-1, 'field fp is missing'} end
+  if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a positive number'} end
   if rfp ~= fp then return {5} end
-  if not f[7] then return {-1, 'field meta is missing'} end
-  if not f[8] then return {-1, 'field body is missing'} end
-  return {3, epoch, f[7], f[8]}
+  if not f[4] then return {-1, 'field meta is missing'} end
+  if not f[5] then return {-1, 'field body is missing'} end
+  return {3, epoch, f[4], f[5]}
 end
 
+-- take writes a fresh lease at epoch e from now (ms on the server clock).
+-- The key expires with the later of lease and TTL; PEXPIRE from the
+-- request's own argument spares formatting a number, and its base time is
+-- not earlier than now, so the key never expires before either deadline.
+local function take(e, now)
+  local lease, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+  redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
+    'epoch', e, 'lease_at', now + lease, 'expires_at', now + ttl)
+  redis.call('PEXPIRE', key, lease > ttl and ARGV[3] or ARGV[4])
+end
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+if not state then
+  if redis.call('EXISTS', key) == 1 then return {-1, 'field state is missing'} end
+  take(1, clock())
+  return {1, 1}
+end
+if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
+if not rfp then return {-1, 'field fp is missing'} end
+if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a positive number'} end
+local holder, lease_at, expires_at = f[6], tonumber(f[7]), tonumber(f[8])
+if not expires_at then return {-1, 'field expires_at is missing or not a number'} end
 if not holder then return {-1, 'field token is missing'} end
 if not lease_at then return {-1, 'field lease_at is missing or not a number'} end
-clock()
+
+local now = clock()
 if now >= expires_at and now >= lease_at then
   -- Abandoned and past both TTL and lease: purged.
   redis.call('DEL', key)
-  take(1)
+  take(1, now)
   return {1, 1}
 end
 if rfp ~= fp then return {5} end
@@ -87,7 +82,7 @@ if holder == token then
   return {2, epoch}
 end
 if now >= lease_at then
-  take(epoch + 1)
+  take(epoch + 1, now)
   return {2, epoch + 1}
 end
 return {4, epoch, lease_at - now}

@@ -15,7 +15,6 @@
 --   {-1, message}  the value under the key is not a record
 
 local key, token = KEYS[1], ARGV[1]
-local ttl = tonumber(ARGV[2])
 
 local f = redis.pcall('HMGET', key, 'state', 'token')
 if f['err'] then
@@ -27,11 +26,11 @@ if f[1] ~= 'in_progress' then
   return {-1, 'field state is missing or holds an unknown value'}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', key, 'state', 'complete', 'expires_at', now + ttl,
-  'meta', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', key, 'lease_at')
-redis.call('PEXPIRE', key, ttl)
+-- The TTL counts from now: PEXPIRE takes the caller's argument as it came,
+-- so no clock read and no number formatting is needed. A complete record
+-- keeps no deadlines of its own; its key's expiry is the TTL.
+redis.call('HSET', key, 'state', 'complete', 'meta', ARGV[3], 'body', ARGV[4])
+redis.call('HDEL', key, 'lease_at', 'expires_at')
+redis.call('PEXPIRE', key, ARGV[2])
 redis.call('PUBLISH', ARGV[5], 'complete')
 return {1}

@@ -18,13 +18,14 @@
 //	fp          request fingerprint
 //	epoch       1 for the first lease, +1 for each steal
 //	lease_at    lease expiry, Unix milliseconds on the server clock (in_progress only)
-//	expires_at  TTL deadline, Unix milliseconds on the server clock
+//	expires_at  TTL deadline, Unix milliseconds on the server clock (in_progress only)
 //	meta        status, flags and headers, in a compact versioned binary block (complete only)
 //	body        the response body, raw (complete only)
 //
-// An in-progress record's key expires (PEXPIREAT) at the later of its lease
-// and its TTL deadline, and extending the lease moves that too; a complete
-// record's key gets PEXPIRE ttl, so Redis itself purges records.
+// An in-progress record's key expires at the later of its lease and its TTL
+// deadline, and extending the lease moves that too; a complete record's key
+// gets PEXPIRE ttl, which is its only deadline, so Redis itself purges
+// records.
 //
 // # Scripts and round trips
 //

@@ -3,10 +3,12 @@ package redisstore_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -78,6 +80,26 @@ var redisBenchCases = []redisBenchCase{
 	{"Floor2", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		return load.FloorHandler(env.client, env.payload), noKey
 	}},
+	// Record1 and Record2 are the floor of any store that keeps records in
+	// Redis hashes: Record1 is one EVALSHA that reads a stored payload and
+	// writes it as the response; Record2 is the handler between one EVALSHA
+	// creating a record and one storing the payload in it, each with an
+	// expiry. Neither checks anything: the gap between them and Floor1/2 is
+	// the price of reading and writing a record at all.
+	{"Record1", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		key := redistest.Prefix() + "record1"
+		if err := recordDone.Run(ctx, env.client, []string{key}, "300000", "meta", env.payload).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { env.client.Del(ctx, key) })
+		return recordFloor(env, func(*http.Request) string { return key }), func(int) ([]string, string) { return nil, "dup" }
+	}},
+	{"Record2", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		prefix := redistest.Prefix()
+		var seq atomic.Int64
+		b.Cleanup(func() { cleanPrefix(env.client, prefix) })
+		return recordFloor(env, func(*http.Request) string { return prefix + strconv.FormatInt(seq.Add(1), 10) }), noKey
+	}},
 	{"FirstExecution", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		keys := make([][]string, n)
 		prefix := redistest.Prefix()
@@ -138,7 +160,9 @@ func BenchmarkMiddlewareRedis(b *testing.B) {
 					env := &redisBenchEnv{client: client, payload: load.Payload(size)}
 					env.store = newStore(b, client)
 					h, key := bc.setup(b, env, b.N+1)
+					cpu := startCPU(b, client)
 					runRedisBench(b, h, key, bc.status, clients)
+					cpu.report(b)
 				})
 			}
 		}
@@ -202,4 +226,89 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 	}
 	b.ReportMetric(at(0.50), "p50-µs")
 	b.ReportMetric(at(0.99), "p99-µs")
+}
+
+// cpuMeter measures the CPU time this process and the Redis server spend
+// while a benchmark runs. Where both share the machine's cores, their sum
+// per request is what bounds throughput with many clients.
+type cpuMeter struct {
+	client       *redis.Client
+	proc, server time.Duration
+}
+
+func startCPU(b *testing.B, c *redis.Client) *cpuMeter {
+	m := &cpuMeter{client: c}
+	m.proc, m.server = processCPU(), serverCPU(b, c)
+	return m
+}
+
+// report adds proc-cpu-µs/op and redis-cpu-µs/op to b's results.
+func (m *cpuMeter) report(b *testing.B) {
+	proc, server := processCPU()-m.proc, serverCPU(b, m.client)-m.server
+	if proc > 0 {
+		b.ReportMetric(float64(proc)/float64(time.Microsecond)/float64(b.N), "proc-cpu-µs/op")
+	}
+	b.ReportMetric(float64(server)/float64(time.Microsecond)/float64(b.N), "redis-cpu-µs/op")
+}
+
+// serverCPU is the server's used_cpu_sys + used_cpu_user.
+func serverCPU(b *testing.B, c *redis.Client) time.Duration {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu: %s: %v", line, err)
+			}
+			total += v
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+var (
+	recordNew  = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'in_progress') redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
+	recordDone = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'complete', 'meta', ARGV[2], 'body', ARGV[3]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
+	recordRead = redis.NewScript(`return redis.call('HMGET', KEYS[1], 'meta', 'body')`)
+)
+
+// recordFloor is the handler of the Record1 and Record2 cases.
+func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handler {
+	next := load.Handler(env.payload)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k := key(r)
+		if r.Header.Get(load.HeaderKind) == "dup" {
+			v, err := recordRead.Run(r.Context(), env.client, []string{k}).Slice()
+			if err != nil || len(v) != 2 {
+				http.Error(w, fmt.Sprint(err), http.StatusServiceUnavailable)
+				return
+			}
+			body, _ := v[1].(string)
+			w.Header()["Content-Type"] = []string{"application/json"}
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, body)
+			return
+		}
+		if err := recordNew.Run(r.Context(), env.client, []string{k}, "300000").Err(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+		if err := recordDone.Run(r.Context(), env.client, []string{k}, "300000", "meta", env.payload).Err(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		}
+	})
+}
+
+// cleanPrefix deletes the keys under prefix.
+func cleanPrefix(c *redis.Client, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Unlink(ctx, iter.Val())
+	}
 }

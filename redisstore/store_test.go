@@ -241,8 +241,14 @@ func TestRecordLayout(t *testing.T) {
 	if h["state"] != "complete" || h["body"] != string(resp.Body) {
 		t.Errorf("COMPLETE record = %q", h)
 	}
-	if _, ok := h["lease_at"]; ok {
-		t.Errorf("COMPLETE record keeps lease_at: %v", h)
+	for _, f := range []string{"lease_at", "expires_at"} {
+		if _, ok := h[f]; ok {
+			t.Errorf("COMPLETE record keeps %s: %v", f, h)
+		}
+	}
+	// The key's expiry is the TTL, counted from completion.
+	if ttl := c.PTTL(ctx, rkey).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+		t.Errorf("COMPLETE record's PTTL = %v, want just under 1h", ttl)
 	}
 	// Compact: the meta block is smaller than the headers spelled out.
 	if n := len(h["meta"]); n == 0 || n > 80 {

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package redisstore_test
+
+import "time"
+
+// processCPU is not measured here: the benchmarks then report no
+// proc-cpu-µs/op.
+func processCPU() time.Duration { return 0 }
