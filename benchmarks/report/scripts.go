@@ -73,8 +73,8 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 		f              func(i int)
 	}{
 		{"floor (return {1})", "none", 0, func(int) { check(load.FloorScript.Run(ctx, c, []string{prefix + "floor"}).Err()) }},
-		{"acquire, new key", "HMGET, EXISTS, TIME, HSET, PEXPIREAT", 5, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
-		{"complete, 1 KiB body", "HMGET, TIME, HSET, HDEL, PEXPIRE, PUBLISH", 6, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
+		{"acquire, new key", "HMGET, EXISTS, TIME, HSET, PEXPIRE", 5, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
+		{"complete, 1 KiB body", "HMGET, HSET, HDEL, PEXPIRE, PUBLISH", 5, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
 		{"acquire, replay (1 KiB)", "HMGET", 1, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t2")); check(err) }},
 	}
 	out := &scriptCosts{}
