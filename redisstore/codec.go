@@ -109,8 +109,13 @@ func decode(meta, body string) (*idempotency.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One array holds the values of all headers while they fit (most
+	// headers have one value); each header's slice is capped at its own
+	// values, so appending to one never writes into the next.
+	var values []string
 	if n > 0 {
 		resp.Header = make(http.Header, n)
+		values = make([]string, 0, n)
 	}
 	for i := uint64(0); i < n; i++ {
 		name, err := d.str("header name")
@@ -127,7 +132,10 @@ func decode(meta, body string) (*idempotency.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		values := make([]string, 0, nv)
+		if uint64(cap(values)-len(values)) < nv {
+			values = make([]string, 0, nv)
+		}
+		start := len(values)
 		for j := uint64(0); j < nv; j++ {
 			v, err := d.str("header value")
 			if err != nil {
@@ -135,7 +143,7 @@ func decode(meta, body string) (*idempotency.Response, error) {
 			}
 			values = append(values, v)
 		}
-		resp.Header[name] = values
+		resp.Header[name] = values[start:len(values):len(values)]
 	}
 	if len(d.b) != 0 {
 		return nil, decodeError("%d bytes after the header block", len(d.b))
@@ -164,12 +172,18 @@ func (d *decoder) byte(what string) (byte, error) {
 }
 
 func (d *decoder) uvarint(what string) (uint64, error) {
+	return d.varint(what, "")
+}
+
+// varint reads a uvarint; what and suffix name it in errors, kept apart so
+// that naming costs nothing when nothing fails.
+func (d *decoder) varint(what, suffix string) (uint64, error) {
 	var x uint64
 	var s uint
 	for i := 0; i < len(d.b); i++ {
 		c := d.b[i]
 		if i == binary.MaxVarintLen64 || (i == binary.MaxVarintLen64-1 && c > 1) {
-			return 0, decodeError("%s overflows", what)
+			return 0, decodeError("%s%s overflows", what, suffix)
 		}
 		if c < 0x80 {
 			d.b = d.b[i+1:]
@@ -178,7 +192,7 @@ func (d *decoder) uvarint(what string) (uint64, error) {
 		x |= uint64(c&0x7f) << s
 		s += 7
 	}
-	return 0, decodeError("meta truncated in %s", what)
+	return 0, decodeError("meta truncated in %s%s", what, suffix)
 }
 
 // count reads an element count, bounded by the bytes left (every element
@@ -196,7 +210,7 @@ func (d *decoder) count(what string) (uint64, error) {
 }
 
 func (d *decoder) str(what string) (string, error) {
-	n, err := d.uvarint(what + " length")
+	n, err := d.varint(what, " length")
 	if err != nil {
 		return "", err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,4 +118,36 @@ func FuzzDecodeMeta(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeHeadersDoNotAlias checks that the headers decoded from one
+// array of values stay independent: appending a value to one header leaves
+// every other header as stored.
+func TestDecodeHeadersDoNotAlias(t *testing.T) {
+	stored := &idempotency.Response{
+		Status: http.StatusOK,
+		Header: http.Header{
+			"A-One":   {"a"},
+			"B-Many":  {"b1", "b2", "b3"},
+			"C-One":   {"c"},
+			"D-Empty": {},
+		},
+	}
+	meta, err := encodeMeta(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decode(string(meta), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range got.Header {
+		got.Header[name] = append(got.Header[name], "appended to "+name)
+	}
+	for name, values := range stored.Header {
+		want := append(append([]string(nil), values...), "appended to "+name)
+		if !slices.Equal(got.Header[name], want) {
+			t.Errorf("%s = %q, want %q", name, got.Header[name], want)
+		}
+	}
 }

@@ -38,7 +38,7 @@ func main() {
 	var c config
 	flag.IntVar(&c.count, "count", 5, "samples per benchmark row (go test -count)")
 	flag.IntVar(&c.rounds, "rounds", 3, "idemload rounds per run")
-	flag.DurationVar(&c.duration, "duration", 2*time.Second, "idemload measured time per target and round")
+	flag.DurationVar(&c.duration, "duration", 2*time.Second, "idemload and benchmarks/peers: measured time per target and round")
 	flag.BoolVar(&c.quick, "quick", false, "one sample per row and shorter runs, to check the pipeline")
 	flag.Parse()
 	if c.quick {
@@ -131,6 +131,10 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
+	peers, err := runPeers(c, resDir)
+	if err != nil {
+		return err
+	}
 	var scripts *scriptCosts
 	if c.redis {
 		if scripts, err = measureScripts(context.Background()); err != nil {
@@ -138,7 +142,7 @@ func run(c config) error {
 		}
 	}
 	m := machine(c)
-	md := render(c, m, res, loads, scripts)
+	md := render(c, m, res, loads, scripts, peers)
 	if err := os.WriteFile(filepath.Join(root, "BENCHMARKS.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
@@ -233,4 +237,22 @@ func machine(c config) machineInfo {
 		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	return m
+}
+
+// runPeers runs the side-by-side comparison in benchmarks/peers (a module
+// of its own) and returns its output, also kept as results/peers.txt.
+func runPeers(c config, resDir string) (string, error) {
+	args := []string{"run", ".", "-duration", c.duration.String(), "-rounds", fmt.Sprint(c.rounds)}
+	if c.quick {
+		args = []string{"run", ".", "-duration", "300ms", "-rounds", "1"}
+	}
+	fmt.Fprintf(os.Stderr, "report: (benchmarks/peers) go %s\n", strings.Join(args, " "))
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Join(c.root, "benchmarks", "peers")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("benchmarks/peers: %w", err)
+	}
+	return string(out), os.WriteFile(filepath.Join(resDir, "peers.txt"), out, 0o644)
 }

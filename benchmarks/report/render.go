@@ -85,7 +85,7 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-func render(c config, m machineInfo, res map[string]*results, loads []loadRun, scripts *scriptCosts) string {
+func render(c config, m machineInfo, res map[string]*results, loads []loadRun, scripts *scriptCosts, peers string) string {
 	var d doc
 	var summary [][]string
 	d.p("# Benchmarks")
@@ -390,6 +390,17 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 			}
 			d.table([]string{"script", "commands inside", "which", "server µs per call"}, srows)
 		}
+	}
+
+	if peers != "" {
+		d.p("## Peers")
+		d.p("")
+		d.p("`cd benchmarks/peers && go run .` (a module of its own, so the peers stay out of this module's dependencies) serves each stack's bare handler and the same handler behind that stack's idempotency middleware on loopback, drives both with the same client, first with new keys and then with completed keys, and reports the middleware's throughput as a fraction of its own bare handler's. The stacks have different HTTP servers, so the fraction, not the absolute rate, compares the middleware. The peer measured is fiber's `middleware/idempotency` (on fasthttp, in-memory storage and locker), the only Go idempotency middleware the module proxy here serves. It does less per request than this middleware: it keeps no request fingerprint, so a reused key with another request replays the first response instead of answering 422; it stores 5xx responses as well, so a retry after a server error gets the error again; and its default lock works within one process, so a duplicate waits for the original instead of getting 409, and two processes can run the same key at once. The storage key is the client's key as sent.")
+		d.p("")
+		d.p("```")
+		d.p("%s", strings.TrimRight(peers, "\n"))
+		d.p("```")
+		d.p("")
 	}
 
 	d.p("## Key count")
