@@ -3,13 +3,9 @@ package load_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -182,33 +178,5 @@ func TestFloorHandlerRoundTrips(t *testing.T) {
 		if got := counter.evalsha.Load(); got != want {
 			t.Errorf("%s: %d EVALSHA, want %d", kind, got, want)
 		}
-	}
-}
-
-func TestStartRedis(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not on PATH")
-	}
-	s, err := load.StartRedis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !load.Loopback(s.Addr) {
-		t.Fatalf("address %s is not loopback", s.Addr)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-	defer c.Close()
-	if v := load.RedisVersion(context.Background(), c); v == "" {
-		t.Fatal("no redis_version")
-	}
-	s.Stop()
-	if err := c.Ping(context.Background()).Err(); err == nil {
-		t.Fatal("server still answers after Stop")
-	}
-	if pid := s.PID(); syscall.Kill(pid, 0) == nil {
-		t.Fatalf("process %d still exists", pid)
-	}
-	if _, err := os.Stat(s.Dir()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("directory %s not removed: %v", s.Dir(), err)
 	}
 }
