@@ -112,6 +112,18 @@ func (s *Store) shard(key string) *shard {
 	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
 }
 
+// lock locks sh and returns nil, or returns ErrStoreClosed with sh
+// unlocked once the store is closed. Callers defer sh.mu.Unlock() after a
+// nil return.
+func (s *Store) lock(sh *shard) error {
+	sh.mu.Lock()
+	if s.closed.Load() {
+		sh.mu.Unlock()
+		return idempotency.ErrStoreClosed
+	}
+	return nil
+}
+
 // now reads the store's clock. Without WithClock it reads only the
 // monotonic clock (time.Since of a reading that carries one), which costs
 // about half of time.Now.
@@ -194,11 +206,10 @@ func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempote
 
 // acquire is Acquire under the shard's lock, at the instant now.
 func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.closed.Load() {
-		return idempotency.Acquisition{}, idempotency.ErrStoreClosed
+	if err := s.lock(sh); err != nil {
+		return idempotency.Acquisition{}, err
 	}
+	defer sh.mu.Unlock()
 	rec, ok := sh.records[req.Key]
 	if ok && rec.live(now) {
 		if a, ok := observe(&rec, req, now); ok {
@@ -256,11 +267,10 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, ttl)
 	}
 	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.closed.Load() {
-		return idempotency.ErrStoreClosed
+	if err := s.lock(sh); err != nil {
+		return err
 	}
+	defer sh.mu.Unlock()
 	now := s.now()
 	rec, ok := sh.records[key]
 	if !ok || !rec.live(now) || rec.token != token || token == "" {
@@ -283,11 +293,10 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.closed.Load() {
-		return idempotency.ErrStoreClosed
+	if err := s.lock(sh); err != nil {
+		return err
 	}
+	defer sh.mu.Unlock()
 	rec, ok := sh.records[key]
 	if !ok || !rec.live(s.now()) {
 		return nil
@@ -310,11 +319,10 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return fmt.Errorf("%w: lease %v is not positive", ErrInvalid, lease)
 	}
 	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.closed.Load() {
-		return idempotency.ErrStoreClosed
+	if err := s.lock(sh); err != nil {
+		return err
 	}
+	defer sh.mu.Unlock()
 	now := s.now()
 	rec, ok := sh.records[key]
 	if !ok || !rec.live(now) || !rec.heldBy(token) {

@@ -1,10 +1,6 @@
 package memstore
 
-import (
-	"context"
-
-	"github.com/go-idempotency/idempotency"
-)
+import "context"
 
 // watchers is the subscription of the waiters on one key: ch is closed on
 // the key's next Complete or Release, and n counts the waiters that have not
@@ -23,11 +19,10 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 		return nil, nil, err
 	}
 	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if s.closed.Load() {
-		return nil, nil, idempotency.ErrStoreClosed
+	if err := s.lock(sh); err != nil {
+		return nil, nil, err
 	}
+	defer sh.mu.Unlock()
 	w := sh.watchers[key]
 	if w == nil {
 		if sh.watchers == nil {

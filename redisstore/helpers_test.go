@@ -39,14 +39,17 @@ func newStore(t testing.TB, client redis.UniversalClient, opts ...redisstore.Opt
 	t.Cleanup(func() { s.Close() })
 	if c, ok := client.(*redis.Client); ok && !privateServer() {
 		// A shared server: remove this store's records, and only those.
-		t.Cleanup(func() {
-			iter := c.Scan(context.Background(), 0, prefix+"*", 100).Iterator()
-			for iter.Next(context.Background()) {
-				c.Del(context.Background(), iter.Val())
-			}
-		})
+		t.Cleanup(func() { cleanPrefix(c, prefix) })
 	}
 	return s
+}
+
+// cleanPrefix deletes the keys under prefix.
+func cleanPrefix(c *redis.Client, prefix string) {
+	iter := c.Scan(context.Background(), 0, prefix+"*", 1000).Iterator()
+	for iter.Next(context.Background()) {
+		c.Unlink(context.Background(), iter.Val())
+	}
 }
 
 // randKey returns a storage key shaped like the middleware's (hex SHA-256

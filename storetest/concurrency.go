@@ -50,15 +50,7 @@ var concurrencyCases = []testCase{
 		as := race(t, racers, func(int) (idempotency.Acquisition, error) {
 			return h.s.Acquire(h.ctx(), req(key, newToken(), "fp", longLease, longTTL))
 		})
-		n := countOutcomes(as)
-		if n[idempotency.Acquired] != 1 || n[idempotency.InFlight] != racers-1 {
-			t.Fatalf("outcomes %v, want exactly one acquired and %d in_flight", n, racers-1)
-		}
-		for _, a := range as {
-			if a.Epoch != 1 {
-				t.Fatalf("%v with epoch %d, want 1", a.Outcome, a.Epoch)
-			}
-		}
+		wantOneWinner(t, as, idempotency.Acquired, 1)
 	}},
 	{"Steal", func(t *testing.T, h *harness) {
 		key := newKey()
@@ -68,15 +60,7 @@ var concurrencyCases = []testCase{
 		as := race(t, racers, func(int) (idempotency.Acquisition, error) {
 			return h.s.Acquire(h.ctx(), req(key, newToken(), "fp", longLease, longTTL))
 		})
-		n := countOutcomes(as)
-		if n[idempotency.Stolen] != 1 || n[idempotency.InFlight] != racers-1 {
-			t.Fatalf("outcomes %v, want exactly one stolen and %d in_flight", n, racers-1)
-		}
-		for _, a := range as {
-			if a.Epoch != 2 {
-				t.Fatalf("%v with epoch %d, want 2", a.Outcome, a.Epoch)
-			}
-		}
+		wantOneWinner(t, as, idempotency.Stolen, 2)
 	}},
 	{"CompleteVersusSteal", func(t *testing.T, h *harness) {
 		// A stale owner completes while others try to steal. Exactly one
@@ -148,4 +132,19 @@ var concurrencyCases = []testCase{
 		}
 		t.Logf("stale owner completed first on %d keys, a thief on %d", orders[true], orders[false])
 	}},
+}
+
+// wantOneWinner fails t unless exactly one of as has the outcome winner,
+// every other is InFlight, and all of them report epoch.
+func wantOneWinner(t *testing.T, as []idempotency.Acquisition, winner idempotency.Outcome, epoch uint64) {
+	t.Helper()
+	n := countOutcomes(as)
+	if n[winner] != 1 || n[idempotency.InFlight] != len(as)-1 {
+		t.Fatalf("outcomes %v, want exactly one %v and %d in_flight", n, winner, len(as)-1)
+	}
+	for _, a := range as {
+		if a.Epoch != epoch {
+			t.Fatalf("%v with epoch %d, want %d", a.Outcome, a.Epoch, epoch)
+		}
+	}
 }

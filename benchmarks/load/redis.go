@@ -43,16 +43,26 @@ func (s *RedisServer) Stop() {
 // RedisVersion returns the server's redis_version from INFO, or "" when it
 // cannot be read.
 func RedisVersion(ctx context.Context, c redis.UniversalClient) string {
-	info, err := c.Info(ctx, "server").Result()
+	info, err := Info(ctx, c, "server")
 	if err != nil {
 		return ""
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
+	return info["redis_version"]
+}
+
+// Info returns the name: value lines of one INFO section.
+func Info(ctx context.Context, c redis.UniversalClient, section string) (map[string]string, error) {
+	text, err := c.Info(ctx, section).Result()
+	if err != nil {
+		return nil, err
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(name, "#") {
+			fields[name] = value
 		}
 	}
-	return ""
+	return fields, nil
 }
 
 // PID returns the server's process ID (kept after Stop).

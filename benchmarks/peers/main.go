@@ -75,14 +75,8 @@ func run(w io.Writer, duration time.Duration, rounds, concurrency, body int) err
 	if rounds < 1 || concurrency < 1 || duration <= 0 || body < 0 {
 		return errors.New("needs rounds >= 1, concurrency >= 1, duration > 0 and body >= 0")
 	}
-	ctx := context.Background()
-	client := load.NewClient(concurrency)
+	d := &driver{client: load.NewClient(concurrency), duration: duration, concurrency: concurrency}
 	payload := load.Payload(body)
-	mixes := []struct {
-		name string
-		mix  string
-	}{{"first execution", "new=100"}, {"replay", "dup=100"}}
-
 	fmt.Fprintf(w, "peers: %d client(s), %d B body, %v per run, %d round(s), median\n\n", concurrency, body, duration, rounds)
 	fmt.Fprintf(w, "%-52s %-16s %12s %12s %8s %10s %10s\n", "stack", "requests", "bare req/s", "mw req/s", "ratio", "mw p50", "mw p99")
 	for _, st := range stacks {
@@ -90,54 +84,83 @@ func run(w io.Writer, duration time.Duration, rounds, concurrency, body int) err
 		if err != nil {
 			return fmt.Errorf("%s: %w", st.name, err)
 		}
-		for _, m := range mixes {
-			mix, err := load.ParseMix(m.mix)
-			if err != nil {
-				return err
-			}
-			var ratios, bareRates, mwRates []float64
-			var last *load.Result
-			for round := range rounds {
-				// Alternate which target goes first, so drift in the
-				// machine's speed during a round favours neither.
-				order := []target{bare, mw}
-				if round%2 == 1 {
-					order = []target{mw, bare}
+		err = func() error {
+			defer bare.close()
+			defer mw.close()
+			for _, name := range []string{"first execution", "replay"} {
+				m, err := d.compare(bare, mw, rounds, name == "replay")
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", st.name, name, err)
 				}
-				rates := map[string]float64{}
-				for _, t := range order {
-					before := t.runs.Load()
-					res, err := load.Run(ctx, client, load.Config{URL: t.url, Duration: duration, Concurrency: concurrency, Mix: mix})
-					if err != nil {
-						return fmt.Errorf("%s, %s: %w", st.name, m.name, err)
-					}
-					if res.Errors > 0 {
-						return fmt.Errorf("%s, %s: %d errors, first: %v", st.name, m.name, res.Errors, res.FirstError)
-					}
-					// A replay must not run the handler: the warm-up's new keys
-					// are the only executions a replay run may cause.
-					if t.url == mw.url && m.name == "replay" {
-						if ran := t.runs.Load() - before; ran > int64(concurrency) {
-							return fmt.Errorf("%s: the handler ran %d times during a replay run", st.name, ran)
-						}
-					}
-					rates[t.url] = res.Throughput()
-					if t.url == mw.url {
-						last = res
-					}
-				}
-				bareRates = append(bareRates, rates[bare.url])
-				mwRates = append(mwRates, rates[mw.url])
-				ratios = append(ratios, rates[mw.url]/rates[bare.url])
+				fmt.Fprintf(w, "%-52s %-16s %12.0f %12.0f %7.2fx %10v %10v\n", st.name, name,
+					m.bare, m.mw, m.ratio, m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond))
 			}
-			fmt.Fprintf(w, "%-52s %-16s %12.0f %12.0f %7.2fx %10v %10v\n", st.name, m.name,
-				median(bareRates), median(mwRates), median(ratios),
-				last.Latency.P50.Round(time.Microsecond), last.Latency.P99.Round(time.Microsecond))
+			return nil
+		}()
+		if err != nil {
+			return err
 		}
-		bare.close()
-		mw.close()
 	}
 	return nil
+}
+
+// driver sends the same load to every target.
+type driver struct {
+	client      *http.Client
+	duration    time.Duration
+	concurrency int
+}
+
+// comparison is the median of rounds of one stack and one kind of request.
+type comparison struct {
+	bare, mw, ratio float64       // requests per second, and mw/bare
+	p50, p99        time.Duration // of the middleware, in its last round
+}
+
+// compare drives bare and mw in turn for rounds rounds, with new keys or,
+// when replay is set, with keys already completed. Each round alternates
+// which target goes first, so that drift in the machine's speed during a
+// round favours neither.
+func (d *driver) compare(bare, mw target, rounds int, replay bool) (comparison, error) {
+	mix := load.Mix{load.New: 100}
+	if replay {
+		mix = load.Mix{load.Dup: 100}
+	}
+	var bareRates, mwRates, ratios []float64
+	var last *load.Result
+	for round := range rounds {
+		order := []*target{&bare, &mw}
+		if round%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		rates := map[*target]float64{}
+		for _, t := range order {
+			before := t.runs.Load()
+			res, err := load.Run(context.Background(), d.client, load.Config{URL: t.url, Duration: d.duration, Concurrency: d.concurrency, Mix: mix})
+			if err != nil {
+				return comparison{}, err
+			}
+			if res.Errors > 0 {
+				return comparison{}, fmt.Errorf("%d errors, first: %v", res.Errors, res.FirstError)
+			}
+			// A replay must not run the handler: the warm-up's new keys are
+			// the only executions a replay run may cause.
+			if ran := t.runs.Load() - before; replay && t == &mw && ran > int64(d.concurrency) {
+				return comparison{}, fmt.Errorf("the handler ran %d times during a replay run", ran)
+			}
+			rates[t] = res.Throughput()
+			if t == &mw {
+				last = res
+			}
+		}
+		bareRates = append(bareRates, rates[&bare])
+		mwRates = append(mwRates, rates[&mw])
+		ratios = append(ratios, rates[&mw]/rates[&bare])
+	}
+	return comparison{
+		bare: median(bareRates), mw: median(mwRates), ratio: median(ratios),
+		p50: last.Latency.P50, p99: last.Latency.P99,
+	}, nil
 }
 
 func median(v []float64) float64 {
