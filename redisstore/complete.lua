@@ -27,10 +27,10 @@ if f[1] ~= 'in_progress' then
 end
 
 -- The TTL counts from now: PEXPIRE takes the caller's argument as it came,
--- so no clock read and no number formatting is needed. A complete record
--- keeps no deadlines of its own; its key's expiry is the TTL.
+-- so no clock read and no number formatting is needed. The key's expiry is
+-- a complete record's only deadline; the last lease stays in its field,
+-- where nothing reads it.
 redis.call('HSET', key, 'state', 'complete', 'meta', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', key, 'lease_at', 'expires_at')
 redis.call('PEXPIRE', key, ARGV[2])
 redis.call('PUBLISH', ARGV[5], 'complete')
 return {1}

@@ -20,7 +20,7 @@ func TestCorruptRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	far := time.Now().Add(time.Hour).UnixMilli()
+	lease := fmt.Sprintf("%d:0:3600000", time.Now().Unix()) // ends in an hour
 	validMeta := func() string {
 		// A real meta block, taken from a completed record.
 		key := randKey()
@@ -38,34 +38,40 @@ func TestCorruptRecords(t *testing.T) {
 			c.HSet(ctx, rkey, "unrelated", "1")
 		},
 		"unknown state": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "failed", "fp", fp(key), "epoch", 1, "expires_at", far)
+			c.HSet(ctx, rkey, "state", "failed", "fp", fp(key), "epoch", 1)
 		},
 		"no fingerprint": func(rkey, _ string) {
-			c.HSet(ctx, rkey, "state", "complete", "epoch", 1, "expires_at", far, "meta", validMeta, "body", "")
+			c.HSet(ctx, rkey, "state", "complete", "epoch", 1, "meta", validMeta, "body", "")
 		},
 		"epoch not a number": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", "one", "lease_at", far, "expires_at", far)
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", "one", "lease", lease)
 		},
 		"in progress without lease": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "expires_at", far)
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1)
+		},
+		"in progress with a malformed lease": func(rkey, key string) {
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", "soon")
+		},
+		"in progress with a lease in Unix milliseconds": func(rkey, key string) {
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", time.Now().Add(time.Hour).UnixMilli())
 		},
 		"complete without meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "body", "x")
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "body", "x")
 		},
 		"complete without body": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "meta", validMeta)
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", validMeta)
 		},
 		"garbage meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "meta", "\xde\xad\xbe\xef", "body", "x")
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\xde\xad\xbe\xef", "body", "x")
 		},
 		"truncated meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "meta", validMeta[:len(validMeta)-3], "body", "x")
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", validMeta[:len(validMeta)-3], "body", "x")
 		},
 		"unknown version": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "meta", "\x09"+validMeta[1:], "body", "x")
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x09"+validMeta[1:], "body", "x")
 		},
 		"status out of range": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "expires_at", far, "meta", "\x01\x63\x00\x00", "body", "x")
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x01\x63\x00\x00", "body", "x")
 		},
 	}
 	for name, plant := range cases {

@@ -17,15 +17,17 @@
 //	token       lease token of the holder (of the completer, once complete)
 //	fp          request fingerprint
 //	epoch       1 for the first lease, +1 for each steal
-//	lease_at    lease expiry, Unix milliseconds on the server clock (in_progress only)
-//	expires_at  TTL deadline, Unix milliseconds on the server clock (in_progress only)
+//	lease       "seconds:microseconds:ms": the server's TIME when the lease
+//	            was taken or extended, and its length; it ends at that time
+//	            plus ms (read while in_progress; a complete record keeps its
+//	            last lease, unread)
 //	meta        status, flags and headers, in a compact versioned binary block (complete only)
 //	body        the response body, raw (complete only)
 //
-// An in-progress record's key expires at the later of its lease and its TTL
-// deadline, and extending the lease moves that too; a complete record's key
-// gets PEXPIRE ttl, which is its only deadline, so Redis itself purges
-// records.
+// An in-progress record keeps no TTL deadline of its own: its key expires
+// at the later of its lease and its TTL deadline, and extending the lease
+// pushes that out when the new lease ends later. A complete record's key
+// gets PEXPIRE ttl, its only deadline. So Redis itself purges records.
 //
 // # Scripts and round trips
 //

@@ -1,6 +1,6 @@
--- extend.lua: the extend edge (heartbeat). Pushes the lease of the
--- IN_PROGRESS record held by the caller's token to lease from now, and the
--- key's expiry to the later of lease and TTL deadline.
+-- extend.lua: the extend edge (heartbeat). Renews the lease of the
+-- IN_PROGRESS record held by the caller's token from now, and pushes the
+-- key's expiry out to the new lease when it would come sooner.
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller
@@ -12,17 +12,20 @@
 --   {-1, message}  the value under the key is not a record
 
 local key, token = KEYS[1], ARGV[1]
-local lease = tonumber(ARGV[2])
 
-local f = redis.pcall('HMGET', key, 'state', 'token', 'expires_at')
+local f = redis.pcall('HMGET', key, 'state', 'token')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
 if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
 
+-- The lease field has the layout acquire.lua writes.
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_at = now + lease
-redis.call('HSET', key, 'lease_at', lease_at)
-redis.call('PEXPIREAT', key, math.max(lease_at, tonumber(f[3]) or 0))
+redis.call('HSET', key, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[2])
+-- The key expires at the later of the TTL deadline and the lease: PTTL
+-- counts from now, as the new lease does. A key without expiry keeps none.
+local pttl = redis.call('PTTL', key)
+if pttl >= 0 and pttl < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', key, ARGV[2])
+end
 return {1}

@@ -21,9 +21,10 @@ type Store struct {
 	closed atomic.Bool
 	hub    *hub
 
-	// The lease and TTL of the last calls, as script arguments: requests
-	// mostly repeat them, and reusing the boxed value saves an allocation.
-	lease, ttl atomic.Pointer[msArg]
+	// The lease, TTL and new-lease key expiry of the last calls, as script
+	// arguments: requests mostly repeat them, and reusing the boxed value
+	// saves an allocation.
+	lease, ttl, expiry atomic.Pointer[msArg]
 }
 
 // msArg is a duration in milliseconds, boxed as a script argument.
@@ -124,7 +125,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	rkey := s.RecordKey(req.Key)
 	reply, err := acquireScript.Run(ctx, s.client, []string{rkey},
-		req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.ttl, req.TTL)).Slice()
+		req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.expiry, max(req.Lease, req.TTL))).Slice()
 	if err != nil {
 		if isOOM(err) {
 			return idempotency.Acquisition{}, fmt.Errorf("%w: %s: %v", idempotency.ErrStoreFull, rkey, err)

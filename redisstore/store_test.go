@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,6 +175,20 @@ func TestExtendKeepsTheLease(t *testing.T) {
 	if in.LeaseRemaining < 59*time.Minute {
 		t.Fatalf("lease remaining %v, want about 1h", in.LeaseRemaining)
 	}
+
+	// A shorter lease never brings the TTL deadline forward.
+	key = randKey()
+	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired) // lease 10s, TTL 1h
+	if err := s.Extend(ctx, key, "t1", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if pttl := c.PTTL(ctx, s.RecordKey(key)).Val(); pttl < 59*time.Minute {
+		t.Fatalf("PTTL after a short Extend = %v, want the 1h TTL kept", pttl)
+	}
+	in = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+	if in.LeaseRemaining > 2*time.Second || in.LeaseRemaining < time.Second {
+		t.Fatalf("lease remaining %v, want the new 2s lease", in.LeaseRemaining)
+	}
 }
 
 func TestCompleteExpiresAfterTTL(t *testing.T) {
@@ -220,18 +236,27 @@ func TestRecordLayout(t *testing.T) {
 	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
 	rkey := s.RecordKey(key)
 	h := c.HGetAll(ctx, rkey).Val()
-	for _, f := range []string{"state", "token", "fp", "epoch", "lease_at", "expires_at"} {
+	for _, f := range []string{"state", "token", "fp", "epoch", "lease"} {
 		if h[f] == "" {
 			t.Errorf("IN_PROGRESS field %q missing: %v", f, h)
 		}
 	}
+	if len(h) != 5 {
+		t.Errorf("IN_PROGRESS record has %d fields, want 5: %v", len(h), h)
+	}
 	if h["state"] != "in_progress" || h["token"] != "t1" || h["epoch"] != "1" {
 		t.Errorf("IN_PROGRESS record = %v", h)
 	}
-	for _, f := range []string{"lease_at", "expires_at"} {
-		if _, err := strconv.ParseInt(h[f], 10, 64); err != nil {
-			t.Errorf("field %s = %q, want integer milliseconds", f, h[f])
-		}
+	// lease is "seconds:microseconds:lease_ms", the server's TIME when the
+	// lease was taken and its length.
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, err := leaseDeadline(h["lease"]); err != nil {
+		t.Error(err)
+	} else if lease := req(key, "t1").Lease; at.Before(now.Add(lease-5*time.Second)) || at.After(now.Add(lease)) {
+		t.Errorf("lease %q ends at %v, want about %v from %v", h["lease"], at, lease, now)
 	}
 	resp := sampleResponse()
 	if err := s.Complete(ctx, key, "t1", resp, time.Hour); err != nil {
@@ -241,9 +266,9 @@ func TestRecordLayout(t *testing.T) {
 	if h["state"] != "complete" || h["body"] != string(resp.Body) {
 		t.Errorf("COMPLETE record = %q", h)
 	}
-	for _, f := range []string{"lease_at", "expires_at"} {
-		if _, ok := h[f]; ok {
-			t.Errorf("COMPLETE record keeps %s: %v", f, h)
+	for _, f := range []string{"token", "fp", "epoch", "meta"} {
+		if h[f] == "" {
+			t.Errorf("COMPLETE field %q missing: %v", f, h)
 		}
 	}
 	// The key's expiry is the TTL, counted from completion.
@@ -455,17 +480,35 @@ func TestConcurrentStealExactlyOneWins(t *testing.T) {
 	}
 }
 
-// waitLeaseExpired polls until the server's clock has passed the record's
-// lease_at, without touching the record.
+// leaseDeadline parses a record's lease field, "seconds:microseconds:ms",
+// into the time the lease ends.
+func leaseDeadline(v string) (time.Time, error) {
+	parts := strings.Split(v, ":")
+	if len(parts) != 3 {
+		return time.Time{}, fmt.Errorf("lease field %q: want seconds:microseconds:ms", v)
+	}
+	var n [3]int64
+	for i, p := range parts {
+		x, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("lease field %q: %v", v, err)
+		}
+		n[i] = x
+	}
+	return time.Unix(n[0], n[1]*1000).Truncate(time.Millisecond).Add(time.Duration(n[2]) * time.Millisecond), nil
+}
+
+// waitLeaseExpired polls until the server's clock has passed the end of the
+// record's lease, without touching the record.
 func waitLeaseExpired(t *testing.T, c *redis.Client, rkey string) {
 	t.Helper()
-	leaseAt, err := c.HGet(ctx, rkey, "lease_at").Int64()
+	at, err := leaseDeadline(c.HGet(ctx, rkey, "lease").Val())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !redistest.WaitFor(5*time.Second, func() bool {
 		now, err := c.Time(ctx).Result()
-		return err == nil && now.UnixMilli() > leaseAt
+		return err == nil && !now.Before(at)
 	}) {
 		t.Fatal("lease never expired on the server clock")
 	}

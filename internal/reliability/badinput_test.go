@@ -39,7 +39,6 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		t.Fatal(a)
 	}
 	genuine := c.HGetAll(ctx, prefix+idempotency.StorageKey("", "genuine")).Val()
-	far := time.Now().Add(time.Hour).UnixMilli()
 	with := func(changes ...any) []any {
 		m := map[string]any{}
 		for k, v := range genuine {
@@ -71,7 +70,7 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"missing body":         func(rkey string) { c.HSet(ctx, rkey, with("body", nil)...) },
 		"unknown state":        func(rkey string) { c.HSet(ctx, rkey, with("state", "failed")...) },
 		"epoch not a number":   func(rkey string) { c.HSet(ctx, rkey, with("epoch", "many")...) },
-		"in progress no lease": func(rkey string) { c.HSet(ctx, rkey, with("state", "in_progress", "expires_at", far)...) },
+		"in progress no lease": func(rkey string) { c.HSet(ctx, rkey, with("state", "in_progress", "lease", nil)...) },
 	}
 	var ops, faults, violations int64
 	for name, plant := range plants {
