@@ -93,7 +93,7 @@ func run(c config) error {
 	steps := []step{
 		{"middleware", []string{"-bench", "^BenchmarkMiddleware$", "-count", count, "."}},
 		{"middleware-parallel", []string{"-bench", "^BenchmarkMiddlewareParallel$", "-cpu", "1,2", "-count", count, "."}},
-		{"memstore", []string{"-bench", "^Benchmark(AcquireComplete|AcquireReplay)$", "-cpu", "1,2", "-count", count, "./memstore/"}},
+		{"memstore", []string{"-bench", "^Benchmark(AcquireComplete|AcquireReplay|ShardLocks)$", "-cpu", "1,2", "-count", count, "./memstore/"}},
 		{"memstore-memory", []string{"-bench", "^BenchmarkRecordMemory$", "-benchtime", "2x", "-count", "1", "./memstore/"}},
 		{"memstore-keycount", []string{"-bench", "^BenchmarkKeyCount$", "-count", count, "./memstore/"}},
 		{"loopback", []string{"-bench", "^BenchmarkLoopback", "-count", count, "./benchmarks/load/"}},

@@ -188,6 +188,11 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 			control = fmt.Sprintf("; the bare handler, which shares nothing, ×%.2f in the same run", a.med/b.med)
 		}
 	}
+	// A bare lock per shard is the least any store that locks a shard per
+	// call pays.
+	if ls, ok := scale("BenchmarkShardLocks"); ok {
+		control += fmt.Sprintf("; shard locks alone (`BenchmarkShardLocks`) ×%.2f", ls)
+	}
 	summary = append(summary, []string{"memstore Acquire/Complete scale with GOMAXPROCS (-cpu 1,2)",
 		fmt.Sprintf("throughput ×%.2f (acquire+complete), ×%.2f (replay) from 1 to 2 CPUs%s", acS, arS, control), verdict(okA && okR && acS > 1.2 && arS > 1.2)})
 
@@ -264,7 +269,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 	d.p("go run ./benchmarks/report                      # everything below; -quick for a fast check")
 	d.p("go test -run '^$' -bench '^BenchmarkMiddleware$' -benchmem -count %d .", c.count)
 	d.p("go test -run '^$' -bench '^BenchmarkMiddlewareParallel$' -benchmem -cpu 1,2 .")
-	d.p("go test -run '^$' -bench 'AcquireComplete|AcquireReplay' -benchmem -cpu 1,2 ./memstore/")
+	d.p("go test -run '^$' -bench 'AcquireComplete|AcquireReplay|ShardLocks' -benchmem -cpu 1,2 ./memstore/")
 	d.p("go test -run '^$' -bench 'RecordMemory|KeyCount' -benchmem ./memstore/")
 	d.p("go test -run '^$' -bench Loopback -benchmem ./benchmarks/load/")
 	d.p("go test -run '^$' -bench 'MiddlewareRedis|KeyCount' -benchmem ./redisstore/   # starts a private redis-server; REDIS_ADDR overrides")
@@ -295,7 +300,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 	d.table([]string{"case", "-cpu 1", "-cpu 2", "throughput 1→2"}, parRows)
 
 	var msRows [][]string
-	for _, base := range []string{"BenchmarkAcquireComplete/Serial", "BenchmarkAcquireComplete/Parallel", "BenchmarkAcquireReplay/Serial", "BenchmarkAcquireReplay/Parallel", "BenchmarkAcquireReplay/ParallelSameKey"} {
+	for _, base := range []string{"BenchmarkAcquireComplete/Serial", "BenchmarkAcquireComplete/Parallel", "BenchmarkAcquireReplay/Serial", "BenchmarkAcquireReplay/Parallel", "BenchmarkAcquireReplay/ParallelSameKey", "BenchmarkShardLocks"} {
 		a, ok1 := val(ms, base, 1, "ns/op")
 		b, ok2 := val(ms, base, 2, "ns/op")
 		al, ok3 := val(ms, base, 2, "allocs/op")
