@@ -148,4 +148,3 @@ func TestConcurrentDuplicatesAcrossExpiry(t *testing.T) {
 		t.Fatalf("%d readers took the expired key, want exactly 1", n)
 	}
 }
-
