@@ -87,7 +87,7 @@ var redisBenchCases = []redisBenchCase{
 	// the price of reading and writing a record at all.
 	{"Record1", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		key := redistest.Prefix() + "record1"
-		if err := recordDone.Run(ctx, env.client, []string{key}, "300000", "meta", env.payload).Err(); err != nil {
+		if err := load.RecordDoneScript.Run(ctx, env.client, []string{key}, "300000", "meta", env.payload).Err(); err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { env.client.Del(ctx, key) })
@@ -267,19 +267,13 @@ func serverCPU(b *testing.B, c *redis.Client) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-var (
-	recordNew  = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'in_progress') redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
-	recordDone = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'complete', 'meta', ARGV[2], 'body', ARGV[3]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
-	recordRead = redis.NewScript(`return redis.call('HMGET', KEYS[1], 'meta', 'body')`)
-)
-
 // recordFloor is the handler of the Record1 and Record2 cases.
 func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handler {
 	next := load.Handler(env.payload)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k := key(r)
 		if r.Header.Get(load.HeaderKind) == "dup" {
-			v, err := recordRead.Run(r.Context(), env.client, []string{k}).Slice()
+			v, err := load.RecordReadScript.Run(r.Context(), env.client, []string{k}).Slice()
 			if err != nil || len(v) != 2 {
 				http.Error(w, fmt.Sprint(err), http.StatusServiceUnavailable)
 				return
@@ -290,13 +284,13 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 			_, _ = io.WriteString(w, body)
 			return
 		}
-		if err := recordNew.Run(r.Context(), env.client, []string{k}, "300000").Err(); err != nil {
+		if err := load.RecordNewScript.Run(r.Context(), env.client, []string{k}, "300000").Err(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		next.ServeHTTP(w, r)
 		// The response is written; as in load.FloorHandler, a failed
 		// second trip can change nothing in it.
-		_ = recordDone.Run(r.Context(), env.client, []string{k}, "300000", "meta", env.payload).Err()
+		_ = load.RecordDoneScript.Run(r.Context(), env.client, []string{k}, "300000", "meta", env.payload).Err()
 	})
 }

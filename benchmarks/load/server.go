@@ -48,6 +48,17 @@ func Handler(payload []byte) http.Handler {
 // round trip and nothing more.
 var FloorScript = redis.NewScript(`return {1}`)
 
+// The record floors' scripts do the least any store that keeps its records
+// in Redis hashes must do, and check nothing: RecordNewScript creates a
+// record with an expiry (KEYS[1]; ARGV[1] the expiry in ms),
+// RecordDoneScript stores a payload in it (ARGV[2] meta, ARGV[3] body) and
+// RecordReadScript reads the payload back.
+var (
+	RecordNewScript  = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'in_progress') redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
+	RecordDoneScript = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'complete', 'meta', ARGV[2], 'body', ARGV[3]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
+	RecordReadScript = redis.NewScript(`return redis.call('HMGET', KEYS[1], 'meta', 'body')`)
+)
+
 // FloorHandler returns the Redis floor: the handler of Handler with the raw
 // EVALSHA round trips the middleware needs at best for the request's kind
 // (see HeaderKind). A first execution makes one before the handler

@@ -397,7 +397,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 		if scripts != nil {
 			d.p("### Server time per script")
 			d.p("")
-			d.p("From the change in `INFO commandstats` (EVALSHA usec / calls) over 3000 calls of each edge, one at a time, on a private server. This is the time redis-server spends inside the script; the floor script costs the fixed overhead of EVALSHA.")
+			d.p("From the change in `INFO commandstats` (EVALSHA usec / calls) over 3000 calls of each edge, one at a time, on a private server. This is the time redis-server spends inside the script; the floor script costs the fixed overhead of EVALSHA, and each record floor row is the least a store keeping hash records spends on the same step, checking nothing (the scripts of Record1 and Record2 above).")
 			d.p("")
 			var srows [][]string
 			for _, s := range scripts.rows {

@@ -61,6 +61,11 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 	acq := func(key, token string) idempotency.AcquireRequest {
 		return idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: "fp", Lease: time.Minute, TTL: 5 * time.Minute}
 	}
+	// The record floors' records, beside the store's, with a meta block of
+	// the store's size.
+	floorKey := func(i int) string { return prefix + "floor:" + keys[i] }
+	const ttl = "300000"
+	meta := strings.Repeat("m", 40)
 	var firstErr error
 	check := func(err error) {
 		if err != nil && firstErr == nil {
@@ -73,8 +78,13 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 		f              func(i int)
 	}{
 		{"floor (return {1})", "none", 0, func(int) { check(load.FloorScript.Run(ctx, c, []string{prefix + "floor"}).Err()) }},
+		{"record floor: create a record", "HSET, PEXPIRE", 2, func(i int) { check(load.RecordNewScript.Run(ctx, c, []string{floorKey(i)}, ttl).Err()) }},
 		{"acquire, new key", "HMGET, EXISTS, TIME, HSET, PEXPIRE", 5, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
-		{"complete, 1 KiB body", "HMGET, HSET, HDEL, PEXPIRE, PUBLISH", 5, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
+		{"record floor: store a 1 KiB payload", "HSET, PEXPIRE", 2, func(i int) {
+			check(load.RecordDoneScript.Run(ctx, c, []string{floorKey(i)}, ttl, meta, resp.Body).Err())
+		}},
+		{"complete, 1 KiB body", "HMGET, HSET, PEXPIRE, PUBLISH", 4, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
+		{"record floor: read the payload", "HMGET", 1, func(i int) { check(load.RecordReadScript.Run(ctx, c, []string{floorKey(i)}).Err()) }},
 		{"acquire, replay (1 KiB)", "HMGET", 1, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t2")); check(err) }},
 	}
 	out := &scriptCosts{}
@@ -100,7 +110,7 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 	}
 	// Records expire by themselves; delete them now all the same.
 	for i := range keys {
-		c.Unlink(ctx, s.RecordKey(keys[i]))
+		c.Unlink(ctx, s.RecordKey(keys[i]), floorKey(i))
 	}
 	return out, nil
 }
