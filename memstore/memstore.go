@@ -6,10 +6,10 @@
 // rather than a read-write one: every call locks its shard once, and a brief
 // collision spins rather than putting the caller to sleep; under parallel
 // load that is worth far more than letting replays of one key share the
-// lock.) Duplicates of a COMPLETE record take no lock at all from the second
-// one on: the first publishes the record to a concurrent index, which later
-// duplicates only read, so replays, even of one hot key, scale with the
-// cores. See BenchmarkAcquireComplete and BenchmarkAcquireReplay. The store is
+// lock.) Duplicates of a COMPLETE record take no lock at all from the third
+// one on: the second publishes the record to an index that later duplicates
+// only read, so replays, even of one hot key, scale with the cores. See
+// BenchmarkAcquireComplete and BenchmarkAcquireReplay. The store is
 // bounded (WithMaxEntries) and never evicts a live record to make room: when
 // it is full of live records, Acquire of a new key returns
 // idempotency.ErrStoreFull.
@@ -23,8 +23,8 @@
 //
 // Each record costs about 280 bytes beyond its response (key, token and
 // fingerprint of typical sizes, the record and its index entry); see
-// BenchmarkRecordMemory. A record that has been replayed costs about 150
-// bytes more, for its entry in the index of published records.
+// BenchmarkRecordMemory. A record that has been duplicated twice costs
+// about 80 bytes more, for its entry in the index of published records.
 //
 // Records are lost when the process exits, and are not shared between
 // processes: use it for a single instance, for tests and for development.
@@ -108,7 +108,7 @@ func (s *Store) Close() error {
 		sh.mu.Lock()
 		sh.wakeAll()
 		sh.records = nil
-		sh.done.Clear()
+		sh.done.reset()
 		sh.mu.Unlock()
 	}
 	s.count.Store(0)
@@ -119,9 +119,11 @@ func (s *Store) Close() error {
 // the sweep has not purged yet.
 func (s *Store) Len() int { return int(s.count.Load()) }
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
-}
+func (s *Store) shard(key string) *shard { return &s.shards[s.hash(key)&(shardCount-1)] }
+
+// hash is the hash of key that picks its shard and its slot in the shard's
+// index of published records.
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 
 // lock locks sh and returns nil, or returns ErrStoreClosed with sh
 // unlocked once the store is closed. Callers defer sh.mu.Unlock() after a
@@ -181,18 +183,19 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	case req.TTL <= 0:
 		return idempotency.Acquisition{}, fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, req.TTL)
 	}
-	sh := s.shard(req.Key)
-	if a, ok := s.replay(sh, req); ok {
+	h := s.hash(req.Key)
+	sh := &s.shards[h&(shardCount-1)]
+	if a, ok := s.replay(sh, h, req); ok {
 		return a, nil
 	}
 	// One reading of the clock serves the whole call.
 	now := s.now()
 
-	a, err := s.acquire(sh, req, now)
+	a, err := s.acquire(sh, h, req, now)
 	if err == errNoRoom {
 		// Make room in other shards, one at a time, then try once more.
 		s.purgeAll()
-		a, err = s.acquire(sh, req, s.now())
+		a, err = s.acquire(sh, h, req, s.now())
 		if err == errNoRoom {
 			err = idempotency.ErrStoreFull
 		}
@@ -201,17 +204,16 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 }
 
 // replay answers req without the shard's lock when the key holds a live
-// COMPLETE record that an earlier Acquire published (see shard.done):
+// COMPLETE record that an earlier duplicate published (see shard.done):
 // Completed with its response, or Mismatch. It reads the clock after the
 // entry, so the record was COMPLETE, and still live, at that reading: the
 // entry was published while it was, and only a call at or after its expiry
 // replaces or purges it.
-func (s *Store) replay(sh *shard, req idempotency.AcquireRequest) (idempotency.Acquisition, bool) {
-	v, ok := sh.done.Load(req.Key)
-	if !ok {
+func (s *Store) replay(sh *shard, h uint64, req idempotency.AcquireRequest) (idempotency.Acquisition, bool) {
+	c := sh.done.get(req.Key, h)
+	if c == nil {
 		return idempotency.Acquisition{}, false
 	}
-	c := v.(*completed)
 	if s.now() >= c.until || s.closed.Load() {
 		return idempotency.Acquisition{}, false
 	}
@@ -234,13 +236,14 @@ func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempote
 		if remaining < time.Millisecond {
 			remaining = time.Millisecond
 		}
-		return idempotency.Acquisition{Outcome: idempotency.InFlight, Epoch: rec.epoch, LeaseRemaining: remaining}, true
+		return idempotency.Acquisition{Outcome: idempotency.InFlight, Epoch: uint64(rec.epoch), LeaseRemaining: remaining}, true
 	}
 	return idempotency.Acquisition{}, false
 }
 
-// acquire is Acquire under the shard's lock, at the instant now.
-func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
+// acquire is Acquire under the lock of the shard sh, at the instant now; h
+// is the key's hash.
+func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
 	if err := s.lock(sh); err != nil {
 		return idempotency.Acquisition{}, err
 	}
@@ -249,7 +252,15 @@ func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) 
 	if ok && rec.live(now) {
 		if a, ok := observe(&rec, req, now); ok {
 			if rec.resp != nil {
-				sh.publish(req.Key, &rec)
+				// The first duplicate only counts: most keys are
+				// duplicated once or never, and publishing costs an
+				// allocation and a slot. The second publishes.
+				if rec.dups == 0 {
+					rec.dups = 1
+					sh.records[req.Key] = rec
+				} else {
+					sh.publish(req.Key, h, &rec)
+				}
 			}
 			return a, nil
 		}
@@ -268,17 +279,17 @@ func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest, now instant) 
 		}
 		sh.records[req.Key] = rec
 		sh.noteDeadline(rec.purgeAt())
-		return idempotency.Acquisition{Outcome: outcome, Epoch: rec.epoch}, nil
+		return idempotency.Acquisition{Outcome: outcome, Epoch: uint64(rec.epoch)}, nil
 	}
 	if !ok && !s.reserve() {
 		// An expired record of this key would have been reused in place.
-		s.count.Add(-int64(sh.purge(now)))
+		s.count.Add(-int64(sh.purge(now, s.hash)))
 		if !s.reserve() {
 			return idempotency.Acquisition{}, errNoRoom
 		}
 	}
 	if ok && rec.resp != nil {
-		sh.done.Delete(req.Key) // expired; replaced below
+		sh.done.remove(req.Key, h) // expired; replaced below
 	}
 	rec = record{
 		fingerprint: req.Fingerprint,

@@ -26,8 +26,11 @@ type record struct {
 	fingerprint string
 	token       string
 	resp        *idempotency.Response
-	epoch       uint64
-	leaseUntil  instant
+	epoch       uint32 // steals of one record within its TTL never come near 2³²
+	// dups counts the duplicates a COMPLETE record has answered under the
+	// lock, up to the one that publishes it (see shard.done).
+	dups       uint32
+	leaseUntil instant
 	// ttlUntil is when a COMPLETE record expires, and when an IN_PROGRESS
 	// record's TTL ends (it is purged only once its lease has ended too).
 	ttlUntil instant

@@ -8,20 +8,24 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// shardCount is the number of shards; a power of two.
-const shardCount = 64
+// shardCount is the number of shards, chosen by the low shardBits bits of
+// a key's hash.
+const (
+	shardBits  = 6
+	shardCount = 1 << shardBits
+)
 
 type shardState struct {
 	mu       sync.Mutex
 	records  map[string]record
 	watchers map[string]*watchers
-	// done holds a copy (key to *completed) of each COMPLETE record that
-	// an Acquire has found since it was completed, so that later duplicates
-	// are answered without taking mu: reading it writes nothing that other
-	// cores read, so replays scale with the cores. Entries are made on the
-	// first duplicate, not by Complete, which keeps first executions free of
-	// the allocation. Writers hold mu and remove an entry with its record.
-	done sync.Map
+	// done indexes the COMPLETE records that duplicates have asked for
+	// since they were completed, so that later duplicates are answered
+	// without taking mu (see published). The second duplicate publishes
+	// the record; Complete and the first duplicate do not, which keeps
+	// first executions, and records duplicated once or never, free of the
+	// entry's allocation.
+	done published
 	// nextPurge is no later than the earliest purgeAt of the shard's
 	// records, so a purge before it can skip the shard.
 	nextPurge instant
@@ -34,30 +38,22 @@ type shard struct {
 	_ [128 - unsafe.Sizeof(shardState{})%128]byte
 }
 
-// completed is what Acquire needs of a COMPLETE record.
+// completed is what Acquire needs of a COMPLETE record: 56 bytes, so the
+// allocator gives it a 64-byte cache line of its own, which nothing else
+// writes while readers on several cores read it.
 type completed struct {
+	key         string
+	hash        uint64 // of key, as Store.hash computes it
 	fingerprint string
 	resp        *idempotency.Response
 	until       instant // the record's ttlUntil
-	// The padding makes it 64 bytes, a cache line of its own: at 48 it
-	// could share a line with memory written elsewhere, and readers of one
-	// key on two cores then ran no faster than on one.
-	_ [16]byte
 }
 
-// publish makes the COMPLETE record rec of key readable through done.
-// Callers hold mu.
-func (sh *shard) publish(key string, rec *record) {
-	if _, ok := sh.done.Load(key); !ok {
-		sh.done.Store(key, &completed{fingerprint: rec.fingerprint, resp: rec.resp, until: rec.ttlUntil})
-	}
-}
-
-// remove deletes the record rec of key. Callers hold mu.
-func (sh *shard) remove(key string, rec *record) {
-	delete(sh.records, key)
-	if rec.resp != nil {
-		sh.done.Delete(key)
+// publish makes the COMPLETE record rec of key, whose hash is h, readable
+// through done. Callers hold mu.
+func (sh *shard) publish(key string, h uint64, rec *record) {
+	if sh.done.get(key, h) == nil {
+		sh.done.put(&completed{key: key, hash: h, fingerprint: rec.fingerprint, resp: rec.resp, until: rec.ttlUntil})
 	}
 }
 
@@ -69,8 +65,8 @@ func (sh *shard) noteDeadline(at instant) {
 }
 
 // purge deletes the records that are absent at now and returns how many it
-// deleted. Callers hold mu.
-func (sh *shard) purge(now instant) int {
+// deleted; hash is Store.hash. Callers hold mu.
+func (sh *shard) purge(now instant, hash func(string) uint64) int {
 	if now < sh.nextPurge {
 		return 0
 	}
@@ -79,12 +75,18 @@ func (sh *shard) purge(now instant) int {
 	for key, rec := range sh.records {
 		at := rec.purgeAt()
 		if now >= at {
-			sh.remove(key, &rec)
+			delete(sh.records, key)
+			if rec.resp != nil && sh.done.live > 0 {
+				sh.done.remove(key, hash(key))
+			}
 			n++
 		} else if at < next {
 			next = at
 		}
 	}
 	sh.nextPurge = next
+	if n > 0 {
+		sh.done.shrink()
+	}
 	return n
 }
