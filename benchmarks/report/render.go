@@ -171,26 +171,23 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 
 	// GOMAXPROCS scaling.
 	ms := res["memstore"]
-	scale := func(base string) (float64, bool) {
-		a, ok1 := val(ms, base, 1, "ns/op")
-		b, ok2 := val(ms, base, 2, "ns/op")
+	// scale is the throughput gained from GOMAXPROCS 1 to 2 by row base of r.
+	scale := func(r *results, base string) (float64, bool) {
+		a, ok1 := val(r, base, 1, "ns/op")
+		b, ok2 := val(r, base, 2, "ns/op")
 		return a.med / b.med, ok1 && ok2 && procs >= 2
 	}
-	acS, okA := scale("BenchmarkAcquireComplete/Parallel")
-	arS, okR := scale("BenchmarkAcquireReplay/Parallel")
+	acS, okA := scale(ms, "BenchmarkAcquireComplete/Parallel")
+	arS, okR := scale(ms, "BenchmarkAcquireReplay/Parallel")
 	// The bare handler shares nothing between goroutines: its gain from a
 	// second CPU is what this machine gives at best in the same run.
 	control := ""
-	if mp := res["middleware-parallel"]; mp != nil {
-		a, ok1 := val(mp, "BenchmarkMiddlewareParallel/Bare", 1, "ns/op")
-		b, ok2 := val(mp, "BenchmarkMiddlewareParallel/Bare", 2, "ns/op")
-		if ok1 && ok2 {
-			control = fmt.Sprintf("; the bare handler, which shares nothing, ×%.2f in the same run", a.med/b.med)
-		}
+	if bs, ok := scale(res["middleware-parallel"], "BenchmarkMiddlewareParallel/Bare"); ok {
+		control = fmt.Sprintf("; the bare handler, which shares nothing, ×%.2f in the same run", bs)
 	}
 	// A bare lock per shard is the least any store that locks a shard per
 	// call pays.
-	if ls, ok := scale("BenchmarkShardLocks"); ok {
+	if ls, ok := scale(ms, "BenchmarkShardLocks"); ok {
 		control += fmt.Sprintf("; shard locks alone (`BenchmarkShardLocks`) ×%.2f", ls)
 	}
 	summary = append(summary, []string{"memstore Acquire/Complete scale with GOMAXPROCS (-cpu 1,2)",
