@@ -61,6 +61,7 @@ type request struct {
 
 	body     bodyReader      // replaces r.Body
 	hb       heartbeat       // while the handler runs
+	ctx      handlerContext  // the handler's
 	detached detachedContext // for store calls after the handler
 }
 
@@ -243,10 +244,11 @@ func (rq *request) execute(acq Acquisition) {
 		e.Epoch = acq.Epoch
 		rq.h.cfg.emit(e, rq.start)
 	}
-	ctx, cancel := context.WithCancelCause(rq.r.Context())
-	defer cancel(nil)
+	ctx := &rq.ctx
+	ctx.parent = rq.r.Context()
+	defer ctx.end()
 	hb := &rq.hb
-	*hb = heartbeat{rq: rq, cancel: cancel, lastOK: time.Now()}
+	*hb = heartbeat{rq: rq, lastOK: time.Now()}
 	hb.start()
 
 	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
@@ -322,9 +324,8 @@ func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 // The heartbeat calls no user code (observer, logger, route function) from
 // its goroutine: stop returns what happened and execute reports it.
 type heartbeat struct {
-	rq     *request
-	cancel context.CancelCauseFunc
-	timer  *time.Timer
+	rq    *request
+	timer *time.Timer
 
 	mu        sync.Mutex
 	stopped   bool
@@ -388,11 +389,11 @@ func (hb *heartbeat) beat() {
 		hb.timer.Reset(lease / 3)
 	case errors.Is(err, ErrLeaseLost):
 		hb.stopped, hb.lost = true, err
-		hb.cancel(err)
+		rq.ctx.lose(err)
 	case now.Sub(hb.lastOK) >= lease:
 		hb.stopped = true
 		hb.lost = fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
-		hb.cancel(hb.lost)
+		rq.ctx.lose(hb.lost)
 	default:
 		hb.extendErr = err
 		next := lease / 3
