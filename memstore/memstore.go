@@ -21,10 +21,14 @@
 // idempotency.ErrLeaseLost and Release returns nil. A background sweep
 // (WithSweepInterval) frees the memory of expired records; Close stops it.
 //
-// Each record costs about 280 bytes beyond its response (key, token and
-// fingerprint of typical sizes, the record and its index entry); see
-// BenchmarkRecordMemory. A record that has been duplicated twice costs
-// about 80 bytes more, for its entry in the index of published records.
+// A COMPLETE record keeps its body as the middleware captured it, without
+// a copy, and its status and headers encoded in one block of bytes, which
+// the garbage collector does not scan, however many records are kept.
+// With a key, token and fingerprint of typical sizes and two headers, a
+// record costs about 340 bytes beyond its body; see BenchmarkRecordMemory.
+// A record that has been duplicated twice costs about 550 bytes more: its
+// entry in the index of published records holds a decoded Response, which
+// every later replay shares.
 //
 // Records are lost when the process exits, and are not shared between
 // processes: use it for a single instance, for tests and for development.
@@ -38,8 +42,10 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/wire"
 )
 
 // ErrInvalid is returned (wrapped, with the reason) for arguments no record
@@ -191,13 +197,19 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	// One reading of the clock serves the whole call.
 	now := s.now()
 
-	a, err := s.acquire(sh, h, req, now)
+	a, p, err := s.acquire(sh, h, req, now)
 	if err == errNoRoom {
 		// Make room in other shards, one at a time, then try once more.
 		s.purgeAll()
-		a, err = s.acquire(sh, h, req, s.now())
+		a, p, err = s.acquire(sh, h, req, s.now())
 		if err == errNoRoom {
 			err = idempotency.ErrStoreFull
+		}
+	}
+	if err == nil && a.Outcome == idempotency.Completed && a.Response == nil {
+		// Decoded once the shard is unlocked.
+		if a.Response, err = p.response(); err != nil {
+			return idempotency.Acquisition{}, fmt.Errorf("%w (key %q)", err, req.Key)
 		}
 	}
 	return a, err
@@ -224,13 +236,14 @@ func (s *Store) replay(sh *shard, h uint64, req idempotency.AcquireRequest) (ide
 }
 
 // observe returns the outcome of req on a live record when it changes
-// nothing, and false when req takes the lease.
+// nothing, and false when req takes the lease. A Completed outcome comes
+// without its Response, which the caller decodes.
 func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, bool) {
 	switch {
 	case rec.fingerprint != req.Fingerprint:
 		return idempotency.Acquisition{Outcome: idempotency.Mismatch}, true
-	case rec.resp != nil:
-		return idempotency.Acquisition{Outcome: idempotency.Completed, Response: rec.resp}, true
+	case rec.complete():
+		return idempotency.Acquisition{Outcome: idempotency.Completed}, true
 	case rec.token != req.Token && now < rec.leaseUntil:
 		remaining := time.Duration(rec.leaseUntil - now)
 		if remaining < time.Millisecond {
@@ -242,27 +255,35 @@ func observe(rec *record, req idempotency.AcquireRequest, now instant) (idempote
 }
 
 // acquire is Acquire under the lock of the shard sh, at the instant now; h
-// is the key's hash.
-func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, error) {
+// is the key's hash. A Completed outcome without its Response comes with
+// the record's payload, for Acquire to decode.
+func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now instant) (idempotency.Acquisition, payload, error) {
 	if err := s.lock(sh); err != nil {
-		return idempotency.Acquisition{}, err
+		return idempotency.Acquisition{}, payload{}, err
 	}
 	defer sh.mu.Unlock()
 	rec, ok := sh.records[req.Key]
 	if ok && rec.live(now) {
 		if a, ok := observe(&rec, req, now); ok {
-			if rec.resp != nil {
-				// The first duplicate only counts: most keys are
-				// duplicated once or never, and publishing costs an
-				// allocation and a slot. The second publishes.
-				if rec.dups == 0 {
-					rec.dups = 1
-					sh.records[req.Key] = rec
-				} else {
-					sh.publish(req.Key, h, &rec)
+			if !rec.complete() {
+				return a, payload{}, nil
+			}
+			// The first duplicate only counts: most keys are duplicated
+			// once or never, and publishing costs a decoded Response,
+			// an allocation and a slot. The second publishes.
+			if rec.dups == 0 {
+				rec.dups = 1
+				sh.records[req.Key] = rec
+			} else {
+				resp, err := sh.publish(req.Key, h, &rec)
+				if err != nil {
+					return idempotency.Acquisition{}, payload{}, fmt.Errorf("%w (key %q)", err, req.Key)
+				}
+				if a.Outcome == idempotency.Completed {
+					a.Response = resp
 				}
 			}
-			return a, nil
+			return a, payload{rec.meta, rec.body}, nil
 		}
 		outcome := idempotency.Stolen
 		if rec.token == req.Token {
@@ -279,16 +300,16 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 		}
 		sh.records[req.Key] = rec
 		sh.noteDeadline(rec.purgeAt())
-		return idempotency.Acquisition{Outcome: outcome, Epoch: uint64(rec.epoch)}, nil
+		return idempotency.Acquisition{Outcome: outcome, Epoch: uint64(rec.epoch)}, payload{}, nil
 	}
 	if !ok && !s.reserve() {
 		// An expired record of this key would have been reused in place.
 		s.count.Add(-int64(sh.purge(now, s.hash)))
 		if !s.reserve() {
-			return idempotency.Acquisition{}, errNoRoom
+			return idempotency.Acquisition{}, payload{}, errNoRoom
 		}
 	}
-	if ok && rec.resp != nil {
+	if ok && rec.complete() {
 		sh.done.remove(req.Key, h) // expired; replaced below
 	}
 	rec = record{
@@ -300,14 +321,24 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 	}
 	sh.records[req.Key] = rec
 	sh.noteDeadline(rec.purgeAt())
-	return idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: 1}, nil
+	return idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: 1}, payload{}, nil
 }
 
-// Complete implements idempotency.Store. The store keeps resp itself, not a
-// copy: the caller must not modify resp, its Header or its Body afterwards,
-// and every replay hands the same *Response to its readers, who must not
-// modify it either. A retried Complete by the token that completed the
-// record returns nil and keeps the first payload.
+// payload is a COMPLETE record's response in the wire format.
+type payload struct{ meta, body string }
+
+// response decodes p. Every call returns a new Response, whose header
+// names and values and body share p's bytes.
+func (p payload) response() (*idempotency.Response, error) { return wire.Decode(p.meta, p.body) }
+
+// Complete implements idempotency.Store. The store keeps the status and
+// headers of resp in a compact block of its own, and resp.Body itself, not
+// a copy: the caller must not modify resp.Body afterwards. Replays hand out
+// Responses that share the stored bytes, and from a record's third
+// duplicate on, one *Response: readers must not modify them. A retried
+// Complete by the token that completed the record returns nil and keeps
+// the first payload. A response with a status outside 200..599 is
+// refused with ErrInvalid.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -317,6 +348,17 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return fmt.Errorf("%w: nil response", ErrInvalid)
 	case ttl <= 0:
 		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, ttl)
+	}
+	// The block is built before the lock is taken: its one allocation is
+	// the record's, and nothing writes it again, so it becomes a string
+	// without a copy. So does the body, which the caller leaves alone.
+	block, err := wire.AppendMeta(nil, resp)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	done := payload{meta: unsafe.String(unsafe.SliceData(block), len(block))}
+	if !resp.BodyOmitted {
+		done.body = unsafe.String(unsafe.SliceData(resp.Body), len(resp.Body))
 	}
 	sh := s.shard(key)
 	if err := s.lock(sh); err != nil {
@@ -328,10 +370,10 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if !ok || !rec.live(now) || rec.token != token || token == "" {
 		return idempotency.ErrLeaseLost
 	}
-	if rec.resp != nil {
+	if rec.complete() {
 		return nil
 	}
-	rec.resp = resp
+	rec.meta, rec.body = done.meta, done.body
 	rec.ttlUntil = now.after(ttl)
 	sh.records[key] = rec
 	sh.noteDeadline(rec.purgeAt())

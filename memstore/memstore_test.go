@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,12 @@ func wantOutcome(t *testing.T, a idempotency.Acquisition, o idempotency.Outcome,
 
 var okResponse = &idempotency.Response{Status: http.StatusOK, Body: []byte("ok")}
 
+// replays reports whether a replays want: the store keeps a response in
+// its own form, so a replay is an equal Response, not the same one.
+func replays(a idempotency.Acquisition, want *idempotency.Response) bool {
+	return a.Outcome == idempotency.Completed && a.Response != nil && reflect.DeepEqual(*a.Response, *want)
+}
+
 func TestExpiryOnFakeClock(t *testing.T) {
 	t.Parallel()
 	s, clock := newStore(t)
@@ -77,8 +84,8 @@ func TestExpiryOnFakeClock(t *testing.T) {
 	clock.Advance(time.Hour - time.Nanosecond)
 	wantOutcome(t, acquire(t, s, "k", "c", "other", time.Second, time.Minute), idempotency.Mismatch, 0)
 	a = acquire(t, s, "k", "c", "fp", time.Second, time.Minute)
-	if a.Outcome != idempotency.Completed || a.Response != okResponse {
-		t.Fatalf("before the TTL: %+v, want the stored response itself", a)
+	if !replays(a, okResponse) {
+		t.Fatalf("before the TTL: %+v, want the stored response", a)
 	}
 	clock.Advance(time.Nanosecond)
 	wantOutcome(t, acquire(t, s, "k", "c", "other", time.Second, time.Minute), idempotency.Acquired, 1)

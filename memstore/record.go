@@ -3,8 +3,6 @@ package memstore
 import (
 	"math"
 	"time"
-
-	"github.com/go-idempotency/idempotency"
 )
 
 // instant is a point on the store's clock: the time since the store was
@@ -20,13 +18,18 @@ func (i instant) after(d time.Duration) instant {
 	return i + instant(d)
 }
 
-// record is one idempotency record. It is COMPLETE when resp is not nil and
+// record is one idempotency record. It is COMPLETE when meta is set and
 // IN_PROGRESS otherwise; an absent record has no entry.
 type record struct {
 	fingerprint string
 	token       string
-	resp        *idempotency.Response
-	epoch       uint32 // steals of one record within its TTL never come near 2³²
+	// meta and body are a COMPLETE record's response in the wire format:
+	// meta holds its status, flags and headers, body its body. Neither
+	// holds a pointer, so the collector does not scan them however long
+	// the record is kept, as it would scan a header map.
+	meta  string
+	body  string
+	epoch uint32 // steals of one record within its TTL never come near 2³²
 	// dups counts the duplicates a COMPLETE record has answered under the
 	// lock, up to the one that publishes it (see shard.done).
 	dups       uint32
@@ -36,9 +39,12 @@ type record struct {
 	ttlUntil instant
 }
 
+// complete reports whether the record is COMPLETE.
+func (r *record) complete() bool { return r.meta != "" }
+
 // purgeAt is when the record becomes absent.
 func (r *record) purgeAt() instant {
-	if r.resp == nil && r.leaseUntil > r.ttlUntil {
+	if !r.complete() && r.leaseUntil > r.ttlUntil {
 		return r.leaseUntil
 	}
 	return r.ttlUntil
@@ -48,4 +54,4 @@ func (r *record) purgeAt() instant {
 func (r *record) live(now instant) bool { return now < r.purgeAt() }
 
 // heldBy reports whether the record is IN_PROGRESS under token.
-func (r *record) heldBy(token string) bool { return r.resp == nil && r.token == token }
+func (r *record) heldBy(token string) bool { return !r.complete() && r.token == token }

@@ -9,8 +9,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/memstore"
 )
 
 // TestDuplicatesFollowTheRecord drives the lock-free path of duplicates
@@ -31,7 +33,7 @@ func TestDuplicatesFollowTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 { // the first publishes the record, the others read it
-		if a := dup(fmt.Sprint("d", i), "fp"); a.Outcome != idempotency.Completed || a.Response != first {
+		if a := dup(fmt.Sprint("d", i), "fp"); !replays(a, first) {
 			t.Fatalf("duplicate %d: %+v, want the first response", i, a)
 		}
 		if a := dup(fmt.Sprint("m", i), "other"); a.Outcome != idempotency.Mismatch {
@@ -52,7 +54,7 @@ func TestDuplicatesFollowTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		if a := dup("e", "fp"); a.Outcome != idempotency.Completed || a.Response != second {
+		if a := dup("e", "fp"); !replays(a, second) {
 			t.Fatalf("duplicate %d of the new record: %+v, want the second response", i, a)
 		}
 	}
@@ -114,12 +116,12 @@ func TestConcurrentDuplicatesAcrossExpiry(t *testing.T) {
 				case err != nil:
 					errs <- err
 					return
-				case a.Outcome == idempotency.Completed && a.Response == old:
+				case replays(a, old):
 					if phase > 0 {
 						errs <- fmt.Errorf("%s: old response after phase %d", token, phase)
 						return
 					}
-				case a.Outcome == idempotency.Completed && a.Response == fresh:
+				case replays(a, fresh):
 					phase = 2
 				case a.Outcome == idempotency.InFlight:
 					phase = 1
@@ -146,5 +148,49 @@ func TestConcurrentDuplicatesAcrossExpiry(t *testing.T) {
 	}
 	if n := acquired.Load(); n != 1 {
 		t.Fatalf("%d readers took the expired key, want exactly 1", n)
+	}
+}
+
+// TestStoredForm: a record keeps its status and headers in a block of its
+// own and its body without a copy; the first duplicates each decode a
+// Response, and from the second on they share the published one.
+func TestStoredForm(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	stored := &idempotency.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+		Body:   []byte(`{"id":1}`),
+	}
+	want := &idempotency.Response{Status: stored.Status, Header: stored.Header.Clone(), Body: stored.Body}
+	wantOutcome(t, acquire(t, s, "k", "a", "fp", time.Hour, time.Minute), idempotency.Acquired, 1)
+
+	if err := s.Complete(ctx, "k", "a", &idempotency.Response{Status: 101}, time.Minute); !errors.Is(err, memstore.ErrInvalid) {
+		t.Fatalf("Complete with status 101 = %v, want ErrInvalid", err)
+	}
+	wantOutcome(t, acquire(t, s, "k", "x", "fp", time.Hour, time.Minute), idempotency.InFlight, 1)
+	if err := s.Complete(ctx, "k", "a", stored, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The headers were encoded: the caller's map is not the store's.
+	stored.Header.Set("Content-Type", "text/plain")
+
+	var got []*idempotency.Response
+	for i := range 4 {
+		a := acquire(t, s, "k", fmt.Sprint("d", i), "fp", time.Hour, time.Minute)
+		if !replays(a, want) {
+			t.Fatalf("duplicate %d: %+v, want %+v", i, a.Response, want)
+		}
+		if unsafe.SliceData(a.Response.Body) != unsafe.SliceData(stored.Body) {
+			t.Fatalf("duplicate %d: the body was copied", i)
+		}
+		got = append(got, a.Response)
+	}
+	if got[0] == got[1] {
+		t.Error("the first duplicate's Response is the published one")
+	}
+	if got[1] != got[2] || got[2] != got[3] {
+		t.Error("duplicates after the second do not share the published Response")
 	}
 }

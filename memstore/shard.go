@@ -50,11 +50,18 @@ type completed struct {
 }
 
 // publish makes the COMPLETE record rec of key, whose hash is h, readable
-// through done. Callers hold mu.
-func (sh *shard) publish(key string, h uint64, rec *record) {
-	if sh.done.get(key, h) == nil {
-		sh.done.put(&completed{key: key, hash: h, fingerprint: rec.fingerprint, resp: rec.resp, until: rec.ttlUntil})
+// through done, with its response decoded once for every later duplicate,
+// and returns that response. Callers hold mu.
+func (sh *shard) publish(key string, h uint64, rec *record) (*idempotency.Response, error) {
+	if c := sh.done.get(key, h); c != nil {
+		return c.resp, nil
 	}
+	resp, err := payload{rec.meta, rec.body}.response()
+	if err != nil {
+		return nil, err
+	}
+	sh.done.put(&completed{key: key, hash: h, fingerprint: rec.fingerprint, resp: resp, until: rec.ttlUntil})
+	return resp, nil
 }
 
 // noteDeadline keeps nextPurge no later than at. Callers hold mu.
@@ -76,7 +83,7 @@ func (sh *shard) purge(now instant, hash func(string) uint64) int {
 		at := rec.purgeAt()
 		if now >= at {
 			delete(sh.records, key)
-			if rec.resp != nil && sh.done.live > 0 {
+			if rec.complete() && sh.done.live > 0 {
 				sh.done.remove(key, hash(key))
 			}
 			n++

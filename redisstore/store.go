@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -157,7 +158,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		if !ok1 || !ok2 || !ok3 {
 			return bad()
 		}
-		resp, err := decode(meta, body)
+		resp, err := wire.Decode(meta, body)
 		if err != nil {
 			return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, rkey)
 		}
@@ -189,9 +190,9 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: TTL %v must be positive", ttl)
 	}
-	meta, err := encodeMeta(resp)
+	meta, err := wire.AppendMeta(nil, resp)
 	if err != nil {
-		return err
+		return fmt.Errorf("redisstore: %w", err)
 	}
 	var body []byte
 	if !resp.BodyOmitted {

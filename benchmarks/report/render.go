@@ -212,7 +212,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 	extra := fe64.med - rp64.med
 	oneBuffer := ok3 && ok4 && extra < 64<<10+8<<10
 	summary = append(summary, []string{"Memory: one stored copy of the body; bytes/record proportional to the payload",
-		fmt.Sprintf("first execution allocates %.1f KiB more than a replay for a 64 KiB body; store overhead %s B/record at 0 B, 1 KiB and 16 KiB", extra/1024, joinNums(overheads)),
+		fmt.Sprintf("first execution allocates %.1f KiB more than a replay for a 64 KiB body; %s B/record beyond the body at 0 B, 1 KiB and 16 KiB", extra/1024, joinNums(overheads)),
 		verdict(oneBuffer && flat)})
 
 	// Redis.
@@ -313,9 +313,9 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 
 	d.p("### Memory per record")
 	d.p("")
-	d.p("`BenchmarkRecordMemory`: heap held per COMPLETE record (20 000 records, a Content-Type and a Location header), and the part that is the store's own (key, token, fingerprint, record, index entry). The overhead is constant, so a record costs its payload plus about that much. The stored body is the recorder's capture buffer itself: at 64 KiB a first execution allocates %.1f KiB more than a replay (which reads the same request body), i.e. the one stored buffer and no second copy.", extra/1024)
+	d.p("`BenchmarkRecordMemory`: heap held per COMPLETE record (20 000 records, a Content-Type and a Location header), and the part beyond the body (key, token, fingerprint, record, and the status and headers, which memstore keeps as one block of bytes that the garbage collector does not scan). That part is constant, so a record costs its body plus about that much. The stored body is the recorder's capture buffer itself: at 64 KiB a first execution allocates %.1f KiB more than a replay (which reads the same request body), i.e. the one stored buffer and no second copy.", extra/1024)
 	d.p("")
-	d.table([]string{"body", "bytes/record", "store overhead bytes/record"}, memRows)
+	d.table([]string{"body", "bytes/record", "beyond the body, bytes/record"}, memRows)
 
 	d.p("## memstore, over loopback HTTP")
 	d.p("")

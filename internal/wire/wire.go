@@ -1,21 +1,12 @@
-package redisstore
-
-import (
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"net/http"
-	"slices"
-	"unsafe"
-
-	"github.com/go-idempotency/idempotency"
-)
-
-// The payload of a COMPLETE record is kept in two hash fields: "body" holds
-// the response body as raw bytes, and "meta" holds everything else in a
-// compact binary block:
+// Package wire is the binary form of an idempotency.Response that the
+// stores keep: redisstore writes it to Redis, and memstore keeps it in
+// memory, where a block of bytes costs the garbage collector nothing to
+// scan, unlike a header map.
 //
-//	version   1 byte, metaVersion
+// A Response is kept as two parts: the body as raw bytes, and a meta block
+// with everything else:
+//
+//	version   1 byte, MetaVersion
 //	status    uvarint, 200..599
 //	flags     1 byte: bit 0 = body omitted; other bits zero
 //	headers   uvarint count, then per header name:
@@ -23,36 +14,56 @@ import (
 //	            uvarint count of values, then per value: uvarint length, bytes
 //
 // Nothing is base64- or JSON-encoded, so a stored body costs its own size.
-const metaVersion = 1
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/http"
+	"slices"
+	"unsafe"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// MetaVersion is the first byte of every meta block.
+const MetaVersion = 1
 
 const flagBodyOmitted = 1 << 0
 
-// errEncode reports a Response that cannot be stored.
-var errEncode = errors.New("redisstore: cannot store response")
+// ErrUnstorable reports a Response that has no meta block: nil, or with a
+// status outside 200..599. Stores wrap it in their own error.
+var ErrUnstorable = errors.New("response cannot be stored")
 
-// encodeMeta returns the meta block of resp. Header names are written in
-// sorted order so equal responses encode to equal bytes.
-func encodeMeta(resp *idempotency.Response) ([]byte, error) {
+// uvarintLen is the length of x as a uvarint.
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
+
+// AppendMeta appends the meta block of resp to b. Header names are written
+// in sorted order so equal responses encode to equal bytes. When b has no
+// room, the block is built in one allocation of its exact size.
+func AppendMeta(b []byte, resp *idempotency.Response) ([]byte, error) {
 	if resp == nil {
-		return nil, fmt.Errorf("%w: nil response", errEncode)
+		return b, fmt.Errorf("%w: nil response", ErrUnstorable)
 	}
 	if resp.Status < 200 || resp.Status > 599 {
-		return nil, fmt.Errorf("%w: status %d outside 200..599", errEncode, resp.Status)
+		return b, fmt.Errorf("%w: status %d outside 200..599", ErrUnstorable, resp.Status)
 	}
 	var buf [16]string
 	names := buf[:0]
-	size := 1 + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen64
+	size := 1 + uvarintLen(uint64(resp.Status)) + 1 + uvarintLen(uint64(len(resp.Header)))
 	for name, values := range resp.Header {
 		names = append(names, name)
-		size += 2*binary.MaxVarintLen64 + len(name)
+		size += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(values)))
 		for _, v := range values {
-			size += binary.MaxVarintLen64 + len(v)
+			size += uvarintLen(uint64(len(v))) + len(v)
 		}
 	}
 	slices.Sort(names)
 
-	b := make([]byte, 0, size)
-	b = append(b, metaVersion)
+	b = slices.Grow(b, size)
+	b = append(b, MetaVersion)
 	b = binary.AppendUvarint(b, uint64(resp.Status))
 	var flags byte
 	if resp.BodyOmitted {
@@ -78,15 +89,17 @@ func decodeError(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{idempotency.ErrCorruptRecord}, args...)...)
 }
 
-// decode rebuilds the Response stored as meta and body. Every failure wraps
+// Decode rebuilds the Response stored as meta and body. Every failure wraps
 // idempotency.ErrCorruptRecord. A Response with no headers has a nil
-// Header, and one with an empty body a nil Body.
-func decode(meta, body string) (*idempotency.Response, error) {
+// Header, and one with an empty body a nil Body. Header names and values
+// are substrings of meta, and Body shares body's bytes: both must be
+// immutable, as a Response is.
+func Decode(meta, body string) (*idempotency.Response, error) {
 	d := decoder{b: meta}
 	if len(meta) == 0 {
 		return nil, decodeError("meta is empty")
 	}
-	if v := meta[0]; v != metaVersion {
+	if v := meta[0]; v != MetaVersion {
 		return nil, decodeError("unknown meta version %d", v)
 	}
 	d.b = d.b[1:]
@@ -152,9 +165,8 @@ func decode(meta, body string) (*idempotency.Response, error) {
 		if resp.BodyOmitted {
 			return nil, decodeError("body present but marked omitted")
 		}
-		// The reply's string is the only reference to these bytes, and a
-		// Response's body is never modified (see idempotency.Acquisition),
-		// so it becomes the body without a copy.
+		// body is immutable and a Response's body is never modified (see
+		// idempotency.Acquisition), so it becomes the body without a copy.
 		resp.Body = unsafe.Slice(unsafe.StringData(body), len(body))
 	}
 	return resp, nil

@@ -1,6 +1,7 @@
-package redisstore
+package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/http"
 	"reflect"
@@ -23,9 +24,9 @@ func TestCodecRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		body := string(resp.Body)
-		got, err := decode(string(meta), body)
+		got, err := Decode(string(meta), body)
 		if err != nil {
-			t.Fatalf("decode(encode(%+v)): %v", resp, err)
+			t.Fatalf("Decode(encode(%+v)): %v", resp, err)
 		}
 		if !reflect.DeepEqual(got, resp) {
 			t.Fatalf("round trip: got %+v, want %+v", got, resp)
@@ -54,6 +55,40 @@ func TestCodecCompact(t *testing.T) {
 	}
 }
 
+// TestAppendMetaExact: a block built from nothing is allocated at its exact
+// size, so a store that keeps it keeps no slack beyond the allocator's.
+func TestAppendMetaExact(t *testing.T) {
+	long := strings.Repeat("v", 200) // a two-byte length
+	for _, resp := range []*idempotency.Response{
+		{Status: 200},
+		{Status: 599, Header: http.Header{"Content-Type": {"application/json"}, "X-Long": {long, ""}, "X-None": {}}},
+	} {
+		meta, err := AppendMeta(nil, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The allocator rounds up to its size class, and no further.
+		if want := cap(slices.Grow([]byte(nil), len(meta))); cap(meta) != want {
+			t.Errorf("%d-byte block has capacity %d, want %d", len(meta), cap(meta), want)
+		}
+	}
+	for _, x := range []uint64{0, 1, 127, 128, 16383, 16384, 1<<63 - 1, 1<<64 - 1} {
+		if got, want := uvarintLen(x), len(binary.AppendUvarint(nil, x)); got != want {
+			t.Errorf("uvarintLen(%d) = %d, want %d", x, got, want)
+		}
+	}
+}
+
+// TestAppendMetaRejects: a response without a valid status has no block,
+// and the error says why.
+func TestAppendMetaRejects(t *testing.T) {
+	for _, resp := range []*idempotency.Response{nil, {Status: 199}, {Status: 600}} {
+		if _, err := AppendMeta(nil, resp); !errors.Is(err, ErrUnstorable) {
+			t.Errorf("AppendMeta(%+v) = %v, want ErrUnstorable", resp, err)
+		}
+	}
+}
+
 func TestDecodeRejects(t *testing.T) {
 	good, _ := encodeMeta(&idempotency.Response{Status: 200, Header: http.Header{"A": {"b"}}})
 	for name, tc := range map[string]struct{ meta, body string }{
@@ -71,7 +106,7 @@ func TestDecodeRejects(t *testing.T) {
 		"duplicate name":    {"\x01\xc8\x01\x00\x02\x01A\x00\x01A\x00", ""},
 		"omitted with body": {"\x01\xc8\x01\x01\x00", "body"},
 	} {
-		_, err := decode(tc.meta, tc.body)
+		_, err := Decode(tc.meta, tc.body)
 		if !errors.Is(err, idempotency.ErrCorruptRecord) {
 			t.Errorf("%s: decode = %v, want ErrCorruptRecord", name, err)
 		}
@@ -93,7 +128,7 @@ func FuzzDecodeMeta(f *testing.F) {
 	f.Add([]byte("\x01\xc8\x01\x00\x02\x01A\x00\x01A\x00"), []byte(nil))
 	f.Add([]byte{}, []byte("x"))
 	f.Fuzz(func(t *testing.T, meta, body []byte) {
-		resp, err := decode(string(meta), string(body))
+		resp, err := Decode(string(meta), string(body))
 		if err != nil {
 			if !errors.Is(err, idempotency.ErrCorruptRecord) {
 				t.Fatalf("error %v does not wrap ErrCorruptRecord", err)
@@ -112,7 +147,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		}
 		if string(again) != string(meta) {
 			// Only a non-canonical order of names may differ.
-			back, err := decode(string(again), string(body))
+			back, err := Decode(string(again), string(body))
 			if err != nil || !reflect.DeepEqual(back, resp) {
 				t.Fatalf("re-encoded record decodes differently: %v", err)
 			}
@@ -137,7 +172,7 @@ func TestDecodeHeadersDoNotAlias(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decode(string(meta), "")
+	got, err := Decode(string(meta), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,3 +186,6 @@ func TestDecodeHeadersDoNotAlias(t *testing.T) {
 		}
 	}
 }
+
+// encodeMeta is AppendMeta into a new block.
+func encodeMeta(resp *idempotency.Response) ([]byte, error) { return AppendMeta(nil, resp) }
