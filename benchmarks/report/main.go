@@ -2,8 +2,9 @@
 // and rewrites BENCHMARKS.md and benchmarks/keycount.svg from what they
 // measured. Run it from anywhere in the module:
 //
-//	go run ./benchmarks/report            # about 10 minutes
+//	go run ./benchmarks/report            # about 20 minutes
 //	go run ./benchmarks/report -quick     # one sample per row, shorter runs
+//	go run ./benchmarks/report -render    # no measuring: rewrite from the last run's results
 //
 // The Redis parts need redis-server on PATH (a private server is started
 // on a loopback port and stopped) or REDIS_ADDR; without either they are
@@ -32,6 +33,7 @@ type config struct {
 	duration time.Duration
 	quick    bool
 	redis    bool
+	render   bool
 }
 
 func main() {
@@ -40,6 +42,7 @@ func main() {
 	flag.IntVar(&c.rounds, "rounds", 3, "idemload rounds per run")
 	flag.DurationVar(&c.duration, "duration", 2*time.Second, "idemload and benchmarks/peers: measured time per target and round")
 	flag.BoolVar(&c.quick, "quick", false, "one sample per row and shorter runs, to check the pipeline")
+	flag.BoolVar(&c.render, "render", false, "measure nothing: rewrite BENCHMARKS.md and the plot from benchmarks/results")
 	flag.Parse()
 	if c.quick {
 		c.count, c.rounds, c.duration = 1, 1, time.Second
@@ -72,18 +75,8 @@ type step struct {
 	args []string
 }
 
-func run(c config) error {
-	root, err := moduleRoot()
-	if err != nil {
-		return err
-	}
-	c.root = root
-	_, lookErr := exec.LookPath("redis-server")
-	c.redis = lookErr == nil || os.Getenv("REDIS_ADDR") != ""
-	resDir := filepath.Join(root, "benchmarks", "results")
-	if err := os.MkdirAll(resDir, 0o755); err != nil {
-		return err
-	}
+// steps are the go test runs of a report, in order.
+func steps(c config) []step {
 	count := fmt.Sprint(c.count)
 	redisTime := "0.5s"
 	keyCountN := "10000x"
@@ -104,8 +97,34 @@ func run(c config) error {
 			step{"redis-keycount", []string{"-bench", "^BenchmarkKeyCount$", "-benchtime", keyCountN, "-count", count, "./redisstore/"}},
 		)
 	}
+	return steps
+}
+
+func run(c config) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	c.root = root
+	resDir := filepath.Join(root, "benchmarks", "results")
+	if c.render {
+		ms, err := loadMeasured(c, resDir)
+		if err != nil {
+			return err
+		}
+		if err := ms.write(root); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "report: rewrote BENCHMARKS.md and benchmarks/keycount.svg from", resDir)
+		return nil
+	}
+	_, lookErr := exec.LookPath("redis-server")
+	c.redis = lookErr == nil || os.Getenv("REDIS_ADDR") != ""
+	if err := os.MkdirAll(resDir, 0o755); err != nil {
+		return err
+	}
 	res := map[string]*results{}
-	for _, s := range steps {
+	for _, s := range steps(c) {
 		args := append([]string{"test", "-run", "^$", "-benchmem", "-timeout", "30m"}, s.args...)
 		fmt.Fprintf(os.Stderr, "report: go %s\n", strings.Join(args, " "))
 		start := time.Now()
@@ -141,13 +160,11 @@ func run(c config) error {
 			return err
 		}
 	}
-	m := machine(c)
-	md := render(c, m, res, loads, scripts, peers)
-	if err := os.WriteFile(filepath.Join(root, "BENCHMARKS.md"), []byte(md), 0o644); err != nil {
+	ms := &measured{c: c, m: machine(c), res: res, loads: loads, scripts: scripts, peers: peers}
+	if err := ms.save(resDir); err != nil {
 		return err
 	}
-	svg := keyCountSVG("Cost per request against live records", keyCountPanels(res, c.redis))
-	if err := os.WriteFile(filepath.Join(root, "benchmarks", "keycount.svg"), []byte(svg), 0o644); err != nil {
+	if err := ms.write(root); err != nil {
 		return err
 	}
 	fmt.Fprintln(os.Stderr, "report: wrote BENCHMARKS.md and benchmarks/keycount.svg")

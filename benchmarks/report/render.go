@@ -90,7 +90,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 	var summary [][]string
 	d.p("# Benchmarks")
 	d.p("")
-	d.p("This file is generated: `go run ./benchmarks/report` runs every benchmark below and the `idemload` command, then rewrites this file and [`benchmarks/keycount.svg`](benchmarks/keycount.svg). The raw `go test` output is kept in [`benchmarks/results/`](benchmarks/results/) (feed it to benchstat to compare two runs). Edit `benchmarks/report/` rather than this file.")
+	d.p("This file is generated: `go run ./benchmarks/report` runs every benchmark below and the `idemload` command, then rewrites this file and [`benchmarks/keycount.svg`](benchmarks/keycount.svg). The raw `go test` output is kept in [`benchmarks/results/`](benchmarks/results/) (feed it to benchstat to compare two runs), with the rest of what the run measured in `report.json`; `go run ./benchmarks/report -render` rewrites this file from them without measuring. Edit `benchmarks/report/` rather than this file.")
 	d.p("")
 	d.p("## Machine")
 	d.p("")

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// snapshotFile, in benchmarks/results, holds what a run measured besides
+// the go test output kept beside it: the machine, the idemload and peers
+// output and the server time per script. With it, -render writes
+// BENCHMARKS.md again from a run's results without measuring anything, so
+// that a change of the fixed text is checked against the same numbers.
+const snapshotFile = "report.json"
+
+type snapshot struct {
+	Count    int
+	Rounds   int
+	Duration time.Duration
+	Quick    bool
+	Redis    bool
+	Machine  struct {
+		CPU, Kernel, Go, Redis, Load string
+		Cores                        int
+	}
+	Loads []struct {
+		Args   []string
+		Output string
+	}
+	Scripts []struct {
+		Name     string
+		Calls    int
+		Commands string
+		Usec     float64
+	}
+	Peers string
+}
+
+// measured is everything render needs.
+type measured struct {
+	c       config
+	m       machineInfo
+	res     map[string]*results
+	loads   []loadRun
+	scripts *scriptCosts
+	peers   string
+}
+
+func (ms *measured) save(resDir string) error {
+	var s snapshot
+	s.Count, s.Rounds, s.Duration, s.Quick, s.Redis = ms.c.count, ms.c.rounds, ms.c.duration, ms.c.quick, ms.c.redis
+	m := &s.Machine
+	m.CPU, m.Kernel, m.Go, m.Redis, m.Load, m.Cores = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.load, ms.m.cores
+	for _, l := range ms.loads {
+		s.Loads = append(s.Loads, struct {
+			Args   []string
+			Output string
+		}{l.args, l.output})
+	}
+	if ms.scripts != nil {
+		for _, r := range ms.scripts.rows {
+			s.Scripts = append(s.Scripts, struct {
+				Name     string
+				Calls    int
+				Commands string
+				Usec     float64
+			}{r.name, r.calls, r.commands, r.usec})
+		}
+	}
+	s.Peers = ms.peers
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(resDir, snapshotFile), append(b, '\n'), 0o644)
+}
+
+// loadMeasured reads back a run's results from resDir.
+func loadMeasured(c config, resDir string) (*measured, error) {
+	b, err := os.ReadFile(filepath.Join(resDir, snapshotFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w (run the report once without -render)", err)
+	}
+	var s snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", snapshotFile, err)
+	}
+	c.count, c.rounds, c.duration, c.quick, c.redis = s.Count, s.Rounds, s.Duration, s.Quick, s.Redis
+	ms := &measured{c: c, res: map[string]*results{}, peers: s.Peers}
+	m := s.Machine
+	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, load: m.Load, cores: m.Cores}
+	for _, l := range s.Loads {
+		ms.loads = append(ms.loads, loadRun{args: l.Args, output: l.Output})
+	}
+	if s.Scripts != nil {
+		ms.scripts = &scriptCosts{}
+		for _, r := range s.Scripts {
+			ms.scripts.rows = append(ms.scripts.rows, scriptCost{name: r.Name, calls: r.Calls, commands: r.Commands, usec: r.Usec})
+		}
+	}
+	for _, st := range steps(c) {
+		f, err := os.Open(filepath.Join(resDir, st.name+".txt"))
+		if err != nil {
+			return nil, err
+		}
+		r := newResults()
+		r.parse(f)
+		f.Close()
+		ms.res[st.name] = r
+	}
+	return ms, nil
+}
+
+// write renders BENCHMARKS.md and the key-count plot.
+func (ms *measured) write(root string) error {
+	md := render(ms.c, ms.m, ms.res, ms.loads, ms.scripts, ms.peers)
+	if err := os.WriteFile(filepath.Join(root, "BENCHMARKS.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	svg := keyCountSVG("Cost per request against live records", keyCountPanels(ms.res, ms.c.redis))
+	return os.WriteFile(filepath.Join(root, "benchmarks", "keycount.svg"), []byte(svg), 0o644)
+}

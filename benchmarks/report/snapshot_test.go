@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSnapshotRoundTrip: -render reads back exactly what a run saved, so it
+// writes the same BENCHMARKS.md as the run did.
+func TestSnapshotRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	c := config{count: 3, rounds: 2, duration: 1500 * time.Millisecond, redis: true}
+	res := map[string]*results{}
+	for _, st := range steps(c) {
+		if err := os.WriteFile(filepath.Join(dir, st.name+".txt"), []byte(sample), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := newResults()
+		r.parse(strings.NewReader(sample))
+		res[st.name] = r
+	}
+	want := &measured{
+		c:       c,
+		m:       machineInfo{cpu: "cpu", kernel: "Linux 6", goVersion: "go1.x", redis: "Redis 7", cores: 2, load: "0.1 0.2 0.3"},
+		res:     res,
+		loads:   []loadRun{{args: []string{"-mix", "new=100"}, output: "throughput 1 req/s"}},
+		scripts: &scriptCosts{rows: []scriptCost{{name: "acquire", calls: 5, commands: "HMGET, EXISTS", usec: 9.5}}},
+		peers:   "peers output\n",
+	}
+	if err := want.save(dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadMeasured(config{count: 9}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.c != want.c || got.m != want.m || got.peers != want.peers ||
+		!reflect.DeepEqual(got.loads, want.loads) || !reflect.DeepEqual(got.scripts, want.scripts) {
+		t.Fatalf("read back %+v, want %+v", got, want)
+	}
+	a := render(want.c, want.m, want.res, want.loads, want.scripts, want.peers)
+	b := render(got.c, got.m, got.res, got.loads, got.scripts, got.peers)
+	if a != b {
+		t.Fatal("the rendered report differs after the round trip")
+	}
+	if _, err := loadMeasured(c, t.TempDir()); err == nil {
+		t.Fatal("loadMeasured without a snapshot succeeded")
+	}
+}
