@@ -326,3 +326,52 @@ func TestFlushPassesThrough(t *testing.T) {
 		t.Fatalf("replay %q", body)
 	}
 }
+
+// TestClientGoneCancelsHandler: over a real server, a client that goes
+// away cancels the handler's context, whether the handler waits on it from
+// the start or only looks at it later.
+func TestClientGoneCancelsHandler(t *testing.T) {
+	for _, waitFirst := range []bool{true, false} {
+		started := make(chan struct{})
+		gone := make(chan error, 1)
+		h := idempotency.New(newMemStore(t))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			if waitFirst {
+				done := ctx.Done()
+				close(started)
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+				}
+			} else {
+				close(started)
+				deadline := time.Now().Add(10 * time.Second)
+				for ctx.Err() == nil && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond) // polls, as a loop over work items would
+				}
+			}
+			gone <- context.Cause(ctx)
+		}))
+		srv := httptest.NewServer(h)
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
+		req.Header.Set("Idempotency-Key", "gone")
+		errc := make(chan error, 1)
+		go func() {
+			res, err := srv.Client().Do(req)
+			if err == nil {
+				res.Body.Close()
+			}
+			errc <- err
+		}()
+		<-started
+		cancel()
+		if err := <-errc; err == nil {
+			t.Errorf("waitFirst=%v: the cancelled request succeeded", waitFirst)
+		}
+		if err := <-gone; !errors.Is(err, context.Canceled) {
+			t.Errorf("waitFirst=%v: handler saw %v, want context.Canceled", waitFirst, err)
+		}
+		srv.Close()
+	}
+}

@@ -294,3 +294,83 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 		_ = load.RecordDoneScript.Run(r.Context(), env.client, []string{k}, "300000", "meta", env.payload).Err()
 	})
 }
+
+// BenchmarkMiddlewareRedisPaired measures, from one client, the middleware
+// against its floors in lockstep: every op sends one request to the floor
+// (Floor1 for Replay, Floor2 for FirstExecution), one to the record floor
+// (Record1, Record2) and one through the middleware, in an order that
+// rotates from op to op, so that all three see the same background load.
+// On a shared machine the load changes from one sub-benchmark to the next
+// by more than the differences measured, so the one-client ratios of
+// BenchmarkMiddlewareRedis, taken between rows run seconds apart, move by
+// tens of per cent from run to run; these do not. It reports the mean time
+// of each kind of request (floor-µs/req, record-µs/req, mw-µs/req) and
+// their ratios to the floor (mw/floor, record/floor: target ≤ 1.25).
+func BenchmarkMiddlewareRedisPaired(b *testing.B) {
+	addr := redistest.Addr(b)
+	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 8})
+	b.Cleanup(func() { client.Close() })
+	if err := client.Ping(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	byName := func(name string) redisBenchCase {
+		i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
+		return redisBenchCases[i]
+	}
+	for _, size := range []int{1 << 10} {
+		for _, trio := range [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}} {
+			b.Run(fmt.Sprintf("%s/body=%d", trio[2], size), func(b *testing.B) {
+				env := &redisBenchEnv{client: client, payload: load.Payload(size)}
+				env.store = newStore(b, client)
+				var runs [3]func(i int) time.Duration
+				for j, name := range trio {
+					bc := byName(name)
+					h, key := bc.setup(b, env, b.N+1)
+					runs[j] = timedRequest(b, h, key, bc.status)
+				}
+				var total [3]time.Duration
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					for j := range 3 {
+						k := (i + j) % 3
+						total[k] += runs[k](i)
+					}
+				}
+				b.StopTimer()
+				us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(b.N) }
+				b.ReportMetric(us(total[0]), "floor-µs/req")
+				b.ReportMetric(us(total[1]), "record-µs/req")
+				b.ReportMetric(us(total[2]), "mw-µs/req")
+				b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
+				b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
+			})
+		}
+	}
+}
+
+// timedRequest returns a function that sends request i to h, as
+// runRedisBench would, and returns how long it took; a request answered
+// with another status than status fails the benchmark.
+func timedRequest(b *testing.B, h http.Handler, key func(int) ([]string, string), status int) func(i int) time.Duration {
+	r, _ := http.NewRequest(http.MethodPost, "http://example.com/payments", nil)
+	body := &rewindBody{}
+	w := &discardWriter{h: http.Header{}}
+	return func(i int) time.Duration {
+		body.Reset(reqBody)
+		r.Body, r.ContentLength = body, int64(len(reqBody))
+		k, kind := key(i)
+		if k != nil {
+			r.Header["Idempotency-Key"] = k
+		}
+		r.Header[load.HeaderKind] = []string{kind}
+		w.reset()
+		start := time.Now()
+		h.ServeHTTP(w, r)
+		d := time.Since(start)
+		if w.status != status {
+			b.Fatalf("status %d, want %d", w.status, status)
+		}
+		return d
+	}
+}

@@ -78,10 +78,10 @@ type step struct {
 // steps are the go test runs of a report, in order.
 func steps(c config) []step {
 	count := fmt.Sprint(c.count)
-	redisTime := "0.5s"
+	redisTime, pairedN := "0.5s", "3000x"
 	keyCountN := "10000x"
 	if c.quick {
-		redisTime, keyCountN = "2000x", "1000x"
+		redisTime, pairedN, keyCountN = "2000x", "500x", "1000x"
 	}
 	steps := []step{
 		{"middleware", []string{"-bench", "^BenchmarkMiddleware$", "-count", count, "."}},
@@ -94,6 +94,7 @@ func steps(c config) []step {
 	if c.redis {
 		steps = append(steps,
 			step{"redis", []string{"-bench", "^BenchmarkMiddlewareRedis$", "-benchtime", redisTime, "-count", count, "./redisstore/"}},
+			step{"redis-paired", []string{"-bench", "^BenchmarkMiddlewareRedisPaired$", "-benchtime", pairedN, "-count", count, "./redisstore/"}},
 			step{"redis-keycount", []string{"-bench", "^BenchmarkKeyCount$", "-benchtime", keyCountN, "-count", count, "./redisstore/"}},
 		)
 	}
