@@ -228,10 +228,11 @@ type machineInfo struct {
 	cpu, kernel, goVersion, redis string
 	cores                         int
 	load                          string
+	generated                     time.Time // when the measuring ended
 }
 
 func machine(c config) machineInfo {
-	m := machineInfo{cores: runtime.NumCPU(), goVersion: runtime.Version()}
+	m := machineInfo{cores: runtime.NumCPU(), goVersion: runtime.Version(), generated: time.Now().UTC()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -260,7 +261,10 @@ func machine(c config) machineInfo {
 // runPeers runs the side-by-side comparison in benchmarks/peers (a module
 // of its own) and returns its output, also kept as results/peers.txt.
 func runPeers(c config, resDir string) (string, error) {
-	args := []string{"run", ".", "-duration", c.duration.String(), "-rounds", fmt.Sprint(c.rounds)}
+	// Twice as many rounds of half the time: the same time in all, and a
+	// median over more alternations of the two targets, which drifts less
+	// with the machine's load.
+	args := []string{"run", ".", "-duration", (c.duration / 2).String(), "-rounds", fmt.Sprint(2*c.rounds + 1)}
 	if c.quick {
 		args = []string{"run", ".", "-duration", "300ms", "-rounds", "1"}
 	}

@@ -5,7 +5,6 @@ import (
 	"math"
 	"runtime"
 	"strings"
-	"time"
 )
 
 var procs = runtime.GOMAXPROCS(0)
@@ -109,7 +108,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 		{"Go", m.goVersion},
 		{"Redis", orDash(m.redis)},
 		{"Load average at the end", m.load},
-		{"Generated", time.Now().UTC().Format("2006-01-02 15:04 MST")},
+		{"Generated", m.generated.UTC().Format("2006-01-02 15:04 MST")},
 		{"Samples per row", fmt.Sprintf("%d (`-count`); idemload: %d rounds of %v per target", c.count, c.rounds, c.duration)},
 	})
 	d.p("**Noise.** The machine is small and shared: other processes run tests at the same time, and client, server and redis-server share two cores. A cell shows the median of the samples and, after ±, the largest distance of a sample from it. Ratios are taken between rows of the same run; idemload alternates the targets round by round and reports the median of the rounds' ratios. Differences under about 10%% are within the noise.")

@@ -24,6 +24,7 @@ type snapshot struct {
 	Machine  struct {
 		CPU, Kernel, Go, Redis, Load string
 		Cores                        int
+		Generated                    time.Time
 	}
 	Loads []struct {
 		Args   []string
@@ -52,7 +53,7 @@ func (ms *measured) save(resDir string) error {
 	var s snapshot
 	s.Count, s.Rounds, s.Duration, s.Quick, s.Redis = ms.c.count, ms.c.rounds, ms.c.duration, ms.c.quick, ms.c.redis
 	m := &s.Machine
-	m.CPU, m.Kernel, m.Go, m.Redis, m.Load, m.Cores = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.load, ms.m.cores
+	m.CPU, m.Kernel, m.Go, m.Redis, m.Load, m.Cores, m.Generated = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.load, ms.m.cores, ms.m.generated
 	for _, l := range ms.loads {
 		s.Loads = append(s.Loads, struct {
 			Args   []string
@@ -79,7 +80,8 @@ func (ms *measured) save(resDir string) error {
 
 // loadMeasured reads back a run's results from resDir.
 func loadMeasured(c config, resDir string) (*measured, error) {
-	b, err := os.ReadFile(filepath.Join(resDir, snapshotFile))
+	path := filepath.Join(resDir, snapshotFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w (run the report once without -render)", err)
 	}
@@ -90,7 +92,13 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 	c.count, c.rounds, c.duration, c.quick, c.redis = s.Count, s.Rounds, s.Duration, s.Quick, s.Redis
 	ms := &measured{c: c, res: map[string]*results{}, peers: s.Peers}
 	m := s.Machine
-	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, load: m.Load, cores: m.Cores}
+	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, load: m.Load, cores: m.Cores, generated: m.Generated}
+	if ms.m.generated.IsZero() {
+		// A snapshot from before the field: the run wrote it as it ended.
+		if fi, err := os.Stat(path); err == nil {
+			ms.m.generated = fi.ModTime()
+		}
+	}
 	for _, l := range s.Loads {
 		ms.loads = append(ms.loads, loadRun{args: l.Args, output: l.Output})
 	}

@@ -25,7 +25,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	want := &measured{
 		c:       c,
-		m:       machineInfo{cpu: "cpu", kernel: "Linux 6", goVersion: "go1.x", redis: "Redis 7", cores: 2, load: "0.1 0.2 0.3"},
+		m:       machineInfo{cpu: "cpu", kernel: "Linux 6", goVersion: "go1.x", redis: "Redis 7", cores: 2, load: "0.1 0.2 0.3", generated: time.Date(2026, 11, 30, 6, 5, 0, 0, time.UTC)},
 		res:     res,
 		loads:   []loadRun{{args: []string{"-mix", "new=100"}, output: "throughput 1 req/s"}},
 		scripts: &scriptCosts{rows: []scriptCost{{name: "acquire", calls: 5, commands: "HMGET, EXISTS", usec: 9.5}}},
