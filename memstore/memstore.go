@@ -334,7 +334,7 @@ func (p payload) response() (*idempotency.Response, error) { return wire.Decode(
 // Complete implements idempotency.Store. The store keeps the status and
 // headers of resp in a compact block of its own, and resp.Body itself, not
 // a copy: the caller must not modify resp.Body afterwards. Replays hand out
-// Responses that share the stored bytes, and from a record's third
+// Responses that share the stored bytes, and from a record's second
 // duplicate on, one *Response: readers must not modify them. A retried
 // Complete by the token that completed the record returns nil and keeps
 // the first payload. A response with a status outside 200..599 is
