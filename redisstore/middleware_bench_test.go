@@ -146,12 +146,7 @@ var redisBenchCases = []redisBenchCase{
 // one after another; clients=64 from 64 goroutines. Besides ns/op (the
 // inverse of throughput) it reports the p50 and p99 latency of a request.
 func BenchmarkMiddlewareRedis(b *testing.B) {
-	addr := redistest.Addr(b)
-	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
-	b.Cleanup(func() { client.Close() })
-	if err := client.Ping(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
+	client := benchClient(b, 128)
 	for _, size := range []int{0, 1 << 10, 64 << 10} {
 		for _, clients := range []int{1, 64} {
 			for _, bc := range redisBenchCases {
@@ -166,6 +161,17 @@ func BenchmarkMiddlewareRedis(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchClient returns a client of the benchmarks' server with poolSize
+// connections, closed when b ends.
+func benchClient(b *testing.B, poolSize int) *redis.Client {
+	client := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), PoolSize: poolSize})
+	b.Cleanup(func() { client.Close() })
+	if err := client.Ping(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	return client
 }
 
 func runRedisBench(b *testing.B, h http.Handler, key func(int) ([]string, string), status, clients int) {
@@ -296,12 +302,7 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 // of each kind of request (floor-µs/req, record-µs/req, mw-µs/req) and
 // their ratios to the floor (mw/floor, record/floor: target ≤ 1.25).
 func BenchmarkMiddlewareRedisPaired(b *testing.B) {
-	addr := redistest.Addr(b)
-	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 8})
-	b.Cleanup(func() { client.Close() })
-	if err := client.Ping(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
+	client := benchClient(b, 8)
 	byName := func(name string) redisBenchCase {
 		i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
 		return redisBenchCases[i]

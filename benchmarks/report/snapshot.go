@@ -26,18 +26,24 @@ type snapshot struct {
 		Cores                        int
 		Generated                    time.Time
 	}
-	Loads []struct {
+	Loads   []savedLoad
+	Scripts []savedScript
+	Peers   string
+}
+
+// savedLoad is a loadRun, and savedScript a scriptCost, as JSON keeps them.
+type (
+	savedLoad struct {
 		Args   []string
 		Output string
 	}
-	Scripts []struct {
+	savedScript struct {
 		Name     string
 		Calls    int
 		Commands string
 		Usec     float64
 	}
-	Peers string
-}
+)
 
 // measured is everything render needs.
 type measured struct {
@@ -55,19 +61,11 @@ func (ms *measured) save(resDir string) error {
 	m := &s.Machine
 	m.CPU, m.Kernel, m.Go, m.Redis, m.Load, m.Cores, m.Generated = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.load, ms.m.cores, ms.m.generated
 	for _, l := range ms.loads {
-		s.Loads = append(s.Loads, struct {
-			Args   []string
-			Output string
-		}{l.args, l.output})
+		s.Loads = append(s.Loads, savedLoad{l.args, l.output})
 	}
 	if ms.scripts != nil {
 		for _, r := range ms.scripts.rows {
-			s.Scripts = append(s.Scripts, struct {
-				Name     string
-				Calls    int
-				Commands string
-				Usec     float64
-			}{r.name, r.calls, r.commands, r.usec})
+			s.Scripts = append(s.Scripts, savedScript{r.name, r.calls, r.commands, r.usec})
 		}
 	}
 	s.Peers = ms.peers
@@ -80,8 +78,7 @@ func (ms *measured) save(resDir string) error {
 
 // loadMeasured reads back a run's results from resDir.
 func loadMeasured(c config, resDir string) (*measured, error) {
-	path := filepath.Join(resDir, snapshotFile)
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(filepath.Join(resDir, snapshotFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w (run the report once without -render)", err)
 	}
@@ -93,12 +90,6 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 	ms := &measured{c: c, res: map[string]*results{}, peers: s.Peers}
 	m := s.Machine
 	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, load: m.Load, cores: m.Cores, generated: m.Generated}
-	if ms.m.generated.IsZero() {
-		// A snapshot from before the field: the run wrote it as it ended.
-		if fi, err := os.Stat(path); err == nil {
-			ms.m.generated = fi.ModTime()
-		}
-	}
 	for _, l := range s.Loads {
 		ms.loads = append(ms.loads, loadRun{args: l.Args, output: l.Output})
 	}
