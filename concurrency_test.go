@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -218,6 +219,95 @@ func TestHandlerOutlivesLease(t *testing.T) {
 	}
 	if runs.Load() != 1 {
 		t.Fatalf("runs %d", runs.Load())
+	}
+}
+
+// beatCounter is a store that counts the extends of each record and those
+// that come after the record was completed.
+type beatCounter struct {
+	idempotency.Store
+	want   int           // records that must reach two extends
+	enough chan struct{} // closed when they have
+
+	mu        sync.Mutex
+	extends   map[string]int
+	completed map[string]bool
+	reached   int
+	late      int // extends of completed records
+}
+
+func (c *beatCounter) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	c.mu.Lock()
+	c.extends[key]++
+	if c.completed[key] {
+		c.late++
+	}
+	if c.extends[key] == 2 {
+		if c.reached++; c.reached == c.want {
+			close(c.enough)
+		}
+	}
+	c.mu.Unlock()
+	return c.Store.Extend(ctx, key, token, lease)
+}
+
+func (c *beatCounter) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
+	c.mu.Lock()
+	c.completed[key] = true
+	c.mu.Unlock()
+	return c.Store.Complete(ctx, key, token, resp, ttl)
+}
+
+// TestHeartbeatsManyHandlers: the heartbeats of many handlers running at once
+// on one middleware share one timer; each keeps its own lease (no handler's
+// context is cancelled, no duplicate steals) and none beats after its
+// handler returned.
+func TestHeartbeatsManyHandlers(t *testing.T) {
+	const n, lease = 32, 60 * time.Millisecond
+	store := &beatCounter{
+		Store: newMemStore(t), want: n, enough: make(chan struct{}),
+		extends: map[string]int{}, completed: map[string]bool{},
+	}
+	var runs, cancelled atomic.Int64
+	release := make(chan struct{})
+	h := idempotency.New(store, idempotency.WithLease(lease))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		<-release
+		if r.Context().Err() != nil {
+			cancelled.Add(1)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	statuses := make(chan int, n)
+	for i := range n {
+		go func() { statuses <- do(h, http.MethodPost, fmt.Sprint("k", i), "").StatusCode }()
+	}
+	select {
+	case <-store.enough: // every record was extended twice: beyond its first lease
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatalf("only %d of %d records were extended twice", store.reached, n)
+	}
+	// A duplicate of each finds its record held, not expired.
+	for i := range n {
+		if res := do(h, http.MethodPost, fmt.Sprint("k", i), ""); res.StatusCode != http.StatusConflict {
+			t.Errorf("duplicate of k%d: %d, want 409", i, res.StatusCode)
+		}
+	}
+	close(release)
+	for range n {
+		if s := <-statuses; s != http.StatusCreated {
+			t.Errorf("original: %d", s)
+		}
+	}
+	if runs.Load() != n || cancelled.Load() != 0 {
+		t.Fatalf("runs %d, cancelled contexts %d", runs.Load(), cancelled.Load())
+	}
+	time.Sleep(3 * lease) // only real time shows that no beat comes late
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if store.late != 0 {
+		t.Fatalf("%d extends after their record was completed", store.late)
 	}
 }
 

@@ -35,6 +35,7 @@ type handler struct {
 	store Store
 	cfg   config
 	next  http.Handler
+	beats heartbeats // of the handlers running under a lease
 }
 
 // conflictRetryAfter is the Retry-After of a 409. The original usually ends
@@ -314,94 +315,6 @@ func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
 		return
 	}
 	rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: %s: %w", op, err))
-}
-
-// heartbeat extends the lease every lease/3 while the handler runs; the first
-// beat comes only for handlers that outlive a third of the lease. When the
-// lease is lost (stolen, or not extended for a whole lease) it cancels the
-// handler's context with a cause wrapping ErrLeaseLost.
-//
-// The heartbeat calls no user code (observer, logger, route function) from
-// its goroutine: stop returns what happened and execute reports it.
-type heartbeat struct {
-	rq    *request
-	timer *time.Timer
-
-	mu        sync.Mutex
-	stopped   bool
-	lastOK    time.Time
-	lost      error // the cause the handler's context was cancelled with
-	extendErr error // the last failed extend, when the lease survived it
-}
-
-func (hb *heartbeat) start() {
-	hb.mu.Lock()
-	hb.timer = time.AfterFunc(hb.rq.h.cfg.lease/3, hb.beat)
-	hb.mu.Unlock()
-}
-
-// stop ends the heartbeat and reports a lost lease or failed extends. After
-// stop, hb.lost and hb.extendErr are no longer written.
-func (hb *heartbeat) stop() {
-	hb.mu.Lock()
-	hb.stopped = true
-	hb.mu.Unlock()
-	hb.timer.Stop()
-	switch {
-	case hb.lostCause() != nil:
-		hb.rq.emit(EventLeaseLost, 0, hb.lost)
-	case hb.lastExtendErr() != nil:
-		hb.rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", hb.extendErr))
-	}
-}
-
-func (hb *heartbeat) lostCause() error {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return hb.lost
-}
-
-func (hb *heartbeat) lastExtendErr() error {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	return hb.extendErr
-}
-
-func (hb *heartbeat) beat() {
-	hb.mu.Lock()
-	stopped := hb.stopped
-	hb.mu.Unlock()
-	if stopped {
-		return
-	}
-	rq := hb.rq
-	lease := rq.h.cfg.lease
-	err := rq.h.store.Extend(&rq.detached, rq.acq.Key, rq.acq.Token, lease)
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	if hb.stopped {
-		return
-	}
-	now := time.Now()
-	switch {
-	case err == nil:
-		hb.lastOK = now
-		hb.timer.Reset(lease / 3)
-	case errors.Is(err, ErrLeaseLost):
-		hb.stopped, hb.lost = true, err
-		rq.ctx.lose(err)
-	case now.Sub(hb.lastOK) >= lease:
-		hb.stopped = true
-		hb.lost = fmt.Errorf("%w: heartbeat failed for longer than the lease: %v", ErrLeaseLost, err)
-		rq.ctx.lose(hb.lost)
-	default:
-		hb.extendErr = err
-		next := lease / 3
-		if left := lease - now.Sub(hb.lastOK); left < next {
-			next = left
-		}
-		hb.timer.Reset(next)
-	}
 }
 
 // bodyReader replaces the request body the middleware read, so that the
