@@ -77,3 +77,24 @@ func TestKeyCountSVG(t *testing.T) {
 		t.Fatal("niceCeil")
 	}
 }
+
+func TestScaleVerdict(t *testing.T) {
+	for _, c := range []struct {
+		ok     bool
+		ac, rp float64
+		bareOK bool
+		bare   float64
+		want   string
+	}{
+		{true, 1.7, 1.9, true, 1.8, "**met**"},
+		{true, 1.7, 1.9, true, 0.8, "**met**"},     // met whatever the control
+		{true, 1.1, 1.9, true, 1.8, "**not met**"}, // the machine scaled, the store did not
+		{true, 1.1, 1.9, false, 0, "**not met**"},  // no control measured
+		{true, 0.95, 1.97, true, 0.84, "**not shown** (the bare handler did not scale either)"},
+		{false, 1.7, 1.9, true, 1.8, "**not met**"}, // rows missing
+	} {
+		if got := scaleVerdict(c.ok, c.ac, c.rp, c.bareOK, c.bare); got != c.want {
+			t.Errorf("scaleVerdict(%v, %v, %v, %v, %v) = %q, want %q", c.ok, c.ac, c.rp, c.bareOK, c.bare, got, c.want)
+		}
+	}
+}
