@@ -173,8 +173,8 @@ func WithErrorHandler(h ErrorHandler) Option {
 }
 
 // WithObserver sets a function called with every Event (see EventKind). It
-// runs on the request's goroutine (or the heartbeat's) and must be fast and
-// safe for concurrent use.
+// runs on the request's goroutine, never on the heartbeat's, and must be fast
+// and safe for concurrent use.
 // Default: none.
 func WithObserver(observe func(Event)) Option {
 	if observe == nil {
