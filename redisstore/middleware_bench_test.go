@@ -303,10 +303,6 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 // their ratios to the floor (mw/floor, record/floor: target ≤ 1.25).
 func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 	client := benchClient(b, 8)
-	byName := func(name string) redisBenchCase {
-		i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
-		return redisBenchCases[i]
-	}
 	for _, size := range []int{1 << 10} {
 		for _, trio := range [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}} {
 			b.Run(fmt.Sprintf("%s/body=%d", trio[2], size), func(b *testing.B) {
@@ -315,7 +311,7 @@ func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 				var sends [3]func(i int) (time.Duration, int)
 				var want [3]int
 				for j, name := range trio {
-					bc := byName(name)
+					bc := benchCase(name)
 					h, key := bc.setup(b, env, b.N+1)
 					sends[j], want[j] = requester(h, key), bc.status
 				}
@@ -341,6 +337,79 @@ func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 				b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
 			})
 		}
+	}
+}
+
+// benchCase returns the case of redisBenchCases called name.
+func benchCase(name string) redisBenchCase {
+	i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
+	return redisBenchCases[i]
+}
+
+// BenchmarkMiddlewareRedisPhased measures the middleware against its floors
+// with 64 concurrent clients, in phases that alternate quickly: each op runs
+// three phases, one per kind of request (floor, record floor, middleware) in
+// an order that rotates from op to op, and in each phase 64 goroutines send
+// 25 requests each. The rows of BenchmarkMiddlewareRedis run seconds apart,
+// and with 64 clients the two processes share the machine's two cores, so
+// any other load changes them; phases a fraction of a second long see the
+// same load. It reports the time per request of each kind (the inverse of
+// its throughput: floor-µs/req, record-µs/req, mw-µs/req) and their ratios
+// to the floor (mw/floor, record/floor: target ≤ 1.25).
+func BenchmarkMiddlewareRedisPhased(b *testing.B) {
+	const clients, perPhase, size = 64, 25, 1 << 10
+	client := benchClient(b, 2*clients)
+	for _, trio := range [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}} {
+		b.Run(fmt.Sprintf("%s/body=%d/clients=%d", trio[2], size, clients), func(b *testing.B) {
+			env := &redisBenchEnv{client: client, payload: load.Payload(size)}
+			env.store = newStore(b, client)
+			var sends [clients][3]func(i int) (time.Duration, int)
+			var want [3]int
+			for j, name := range trio {
+				bc := benchCase(name)
+				h, key := bc.setup(b, env, b.N*clients*perPhase+1)
+				for g := range sends {
+					sends[g][j] = requester(h, key)
+				}
+				want[j] = bc.status
+			}
+			var failed atomic.Value
+			var total [3]time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for j := range 3 {
+					k := (i + j) % 3
+					var wg sync.WaitGroup
+					start := time.Now()
+					for g := range clients {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for r := range perPhase {
+								if _, got := sends[g][k]((i*clients+g)*perPhase + r); got != want[k] {
+									failed.CompareAndSwap(nil, fmt.Sprintf("%s: status %d, want %d", trio[k], got, want[k]))
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					total[k] += time.Since(start)
+				}
+			}
+			b.StopTimer()
+			if msg := failed.Load(); msg != nil {
+				b.Fatal(msg)
+			}
+			us := func(d time.Duration) float64 {
+				return float64(d) / float64(time.Microsecond) / float64(b.N*clients*perPhase)
+			}
+			b.ReportMetric(us(total[0]), "floor-µs/req")
+			b.ReportMetric(us(total[1]), "record-µs/req")
+			b.ReportMetric(us(total[2]), "mw-µs/req")
+			b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
+			b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
+		})
 	}
 }
 

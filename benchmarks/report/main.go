@@ -80,8 +80,9 @@ func steps(c config) []step {
 	count := fmt.Sprint(c.count)
 	redisTime, pairedN := "0.5s", "3000x"
 	keyCountN := "3000x" // ops of 4 requests, one per size
+	phasedN := "20x"     // ops of 3 phases of 64×25 requests
 	if c.quick {
-		redisTime, pairedN, keyCountN = "2000x", "500x", "1000x"
+		redisTime, pairedN, keyCountN, phasedN = "2000x", "500x", "1000x", "2x"
 	}
 	steps := []step{
 		{"middleware", []string{"-bench", "^BenchmarkMiddleware$", "-count", count, "."}},
@@ -95,6 +96,7 @@ func steps(c config) []step {
 		steps = append(steps,
 			step{"redis", []string{"-bench", "^BenchmarkMiddlewareRedis$", "-benchtime", redisTime, "-count", count, "./redisstore/"}},
 			step{"redis-paired", []string{"-bench", "^BenchmarkMiddlewareRedisPaired$", "-benchtime", pairedN, "-count", count, "./redisstore/"}},
+			step{"redis-phased", []string{"-bench", "^BenchmarkMiddlewareRedisPhased$", "-benchtime", phasedN, "-count", count, "./redisstore/"}},
 			step{"redis-keycount", []string{"-bench", "^BenchmarkKeyCount$", "-benchtime", keyCountN, "-count", count, "./redisstore/"}},
 		)
 	}
