@@ -329,15 +329,22 @@ func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(b.N) }
-				b.ReportMetric(us(total[0]), "floor-µs/req")
-				b.ReportMetric(us(total[1]), "record-µs/req")
-				b.ReportMetric(us(total[2]), "mw-µs/req")
-				b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
-				b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
+				reportTrio(b, total, b.N)
 			})
 		}
 	}
+}
+
+// reportTrio reports the time per request of floor, record floor and
+// middleware (total holds the time each took for requests requests) and
+// their ratios to the floor.
+func reportTrio(b *testing.B, total [3]time.Duration, requests int) {
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(requests) }
+	b.ReportMetric(us(total[0]), "floor-µs/req")
+	b.ReportMetric(us(total[1]), "record-µs/req")
+	b.ReportMetric(us(total[2]), "mw-µs/req")
+	b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
+	b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
 }
 
 // benchCase returns the case of redisBenchCases called name.
@@ -401,14 +408,7 @@ func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 			if msg := failed.Load(); msg != nil {
 				b.Fatal(msg)
 			}
-			us := func(d time.Duration) float64 {
-				return float64(d) / float64(time.Microsecond) / float64(b.N*clients*perPhase)
-			}
-			b.ReportMetric(us(total[0]), "floor-µs/req")
-			b.ReportMetric(us(total[1]), "record-µs/req")
-			b.ReportMetric(us(total[2]), "mw-µs/req")
-			b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
-			b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
+			reportTrio(b, total, b.N*clients*perPhase)
 		})
 	}
 }

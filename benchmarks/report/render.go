@@ -83,6 +83,21 @@ func verdict(ok bool) string {
 	return "**not met**"
 }
 
+// sideBySide lists the Redis benchmarks that measure the middleware and its
+// floors under the same background load. Where one was run, the summary
+// takes its ratios for that number of clients from it: the rows of
+// BenchmarkMiddlewareRedis run seconds apart, under different load.
+var sideBySide = []struct {
+	step, bench, suffix string // results step; row: bench/<case>/body=1024<suffix>
+	clients             int
+	how, title, text    string
+}{
+	{"redis-paired", "BenchmarkMiddlewareRedisPaired", "", 1, "in lockstep", "One client, in lockstep",
+		"`BenchmarkMiddlewareRedisPaired`: one client sends, op after op, one request to the floor, one to the record floor and one through the middleware, in an order that rotates, so that the three see the same background load; the table gives the mean time of each and the ratios to the floor. The one-client rows above run seconds apart, and on this shared machine the load changes between them by more than the differences measured; the summary takes the one-client ratios from here."},
+	{"redis-phased", "BenchmarkMiddlewareRedisPhased", "/clients=64", 64, "in alternating phases", "64 clients, in alternating phases",
+		"`BenchmarkMiddlewareRedisPhased`: each op runs three phases, one for the floor, one for the record floor and one for the middleware, in an order that rotates; in each phase 64 goroutines send 25 requests each. Phases last a fraction of a second, so the three see the same background load; the table gives the time per request of each (wall time of its phases over their requests: the inverse of throughput) and the ratios to the floor. The summary takes the 64-client ratios from here."},
+}
+
 // scaleVerdict judges the GOMAXPROCS row: acquire+complete and replay must
 // each gain more than 20% from the second CPU. A run in which the bare
 // handler (measured when bareOK) gained no more cannot show whether the
@@ -276,17 +291,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 				rr[clients] = r
 			}
 		}
-		// The side-by-side measurements decide where they were made: the
-		// rows of BenchmarkMiddlewareRedis run seconds apart, under
-		// different load. With one client, requests in lockstep; with 64,
-		// phases that alternate.
-		for _, sbs := range []struct {
-			step, bench, suffix, how string
-			clients                  int
-		}{
-			{"redis-paired", "BenchmarkMiddlewareRedisPaired", "", "in lockstep", 1},
-			{"redis-phased", "BenchmarkMiddlewareRedisPhased", "/clients=64", "in alternating phases", 64},
-		} {
+		for _, sbs := range sideBySide {
 			r := res[sbs.step]
 			get := func(name, unit string) (stat, bool) {
 				return val(r, fmt.Sprintf("%s/%s/body=1024%s", sbs.bench, name, sbs.suffix), procs, unit)
@@ -462,12 +467,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 			d.p("")
 			d.table([]string{"case", "clients", "ns/op", "req/s", "p50 µs", "p99 µs", "proc CPU µs", "redis CPU µs", "allocs/op", "vs floor", "vs record floor"}, rrows)
 		}
-		for _, sbs := range []struct {
-			step, bench, suffix, title, text, clients string
-		}{
-			{"redis-paired", "BenchmarkMiddlewareRedisPaired", "", "One client, in lockstep", "`BenchmarkMiddlewareRedisPaired`: one client sends, op after op, one request to the floor, one to the record floor and one through the middleware, in an order that rotates, so that the three see the same background load; the table gives the mean time of each and the ratios to the floor. The one-client rows above run seconds apart, and on this shared machine the load changes between them by more than the differences measured; the summary takes the one-client ratios from here.", "1 client"},
-			{"redis-phased", "BenchmarkMiddlewareRedisPhased", "/clients=64", "64 clients, in alternating phases", "`BenchmarkMiddlewareRedisPhased`: each op runs three phases, one for the floor, one for the record floor and one for the middleware, in an order that rotates; in each phase 64 goroutines send 25 requests each. Phases last a fraction of a second, so the three see the same background load; the table gives the time per request of each (wall time of its phases over their requests: the inverse of throughput) and the ratios to the floor. The summary takes the 64-client ratios from here.", "64 clients"},
-		} {
+		for _, sbs := range sideBySide {
 			rp := res[sbs.step]
 			if rp == nil {
 				continue
@@ -490,7 +490,7 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 				r2, ok5 := val(rp, base, procs, "record/floor")
 				prow = append(prow, []string{name + " (" + floor + ", " + rec + ")", cell(fl, ok1), cell(rc, ok2), cell(mw, ok3), cell(r1, ok4), cell(r2, ok5)})
 			}
-			d.table([]string{"1 KiB, " + sbs.clients, "floor µs/req", "record floor µs/req", "middleware µs/req", "middleware / floor", "record floor / floor"}, prow)
+			d.table([]string{fmt.Sprintf("1 KiB, %d client(s)", sbs.clients), "floor µs/req", "record floor µs/req", "middleware µs/req", "middleware / floor", "record floor / floor"}, prow)
 		}
 		if scripts != nil {
 			d.p("### Server time per script")
