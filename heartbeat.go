@@ -18,9 +18,8 @@ type heartbeat struct {
 	rq *request
 
 	// Guarded by rq.h.beats.mu.
-	prev, next *heartbeat // in the queue, while queued
+	prev, next *heartbeat // in the queue
 	due        time.Time
-	queued     bool
 
 	mu        sync.Mutex
 	stopped   bool
@@ -115,8 +114,7 @@ type heartbeats struct {
 	mu         sync.Mutex
 	head, tail *heartbeat
 	timer      *time.Timer
-	armed      bool      // timer runs fire at armedAt
-	armedAt    time.Time // valid when armed
+	armedAt    time.Time // when the timer runs fire; zero: not set
 }
 
 // add queues hb to beat at due. Callers hold hb.mu or own hb alone.
@@ -128,7 +126,7 @@ func (q *heartbeats) add(hb *heartbeat, due time.Time) {
 	for at != nil && at.due.After(due) {
 		at = at.prev
 	}
-	hb.prev, hb.queued = at, true
+	hb.prev = at
 	if at == nil {
 		hb.next, q.head = q.head, hb
 	} else {
@@ -139,7 +137,7 @@ func (q *heartbeats) add(hb *heartbeat, due time.Time) {
 	} else {
 		hb.next.prev = hb
 	}
-	if !q.armed || due.Before(q.armedAt) {
+	if q.armedAt.IsZero() || due.Before(q.armedAt) {
 		q.arm(due)
 	}
 }
@@ -148,12 +146,15 @@ func (q *heartbeats) add(hb *heartbeat, due time.Time) {
 func (q *heartbeats) remove(hb *heartbeat) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if hb.queued {
+	if q.holds(hb) {
 		q.unlink(hb)
 	}
 }
 
-// unlink takes queued hb out of the queue. q.mu is held.
+// holds reports whether hb is in the queue. q.mu is held.
+func (q *heartbeats) holds(hb *heartbeat) bool { return hb.prev != nil || q.head == hb }
+
+// unlink takes hb, which is in the queue, out of it. q.mu is held.
 func (q *heartbeats) unlink(hb *heartbeat) {
 	if hb.prev == nil {
 		q.head = hb.next
@@ -165,7 +166,7 @@ func (q *heartbeats) unlink(hb *heartbeat) {
 	} else {
 		hb.next.prev = hb.prev
 	}
-	hb.prev, hb.next, hb.queued = nil, nil, false
+	hb.prev, hb.next = nil, nil
 }
 
 // arm sets the timer to run fire at due. q.mu is held.
@@ -176,7 +177,7 @@ func (q *heartbeats) arm(due time.Time) {
 	} else {
 		q.timer.Reset(d)
 	}
-	q.armed, q.armedAt = true, due
+	q.armedAt = due
 }
 
 // fire starts a beat for every heartbeat that is due, each in a goroutine of
@@ -192,7 +193,7 @@ func (q *heartbeats) fire() {
 		q.unlink(hb)
 		hb.next, due = due, hb
 	}
-	q.armed = false
+	q.armedAt = time.Time{}
 	if q.head != nil {
 		q.arm(q.head.due)
 	}

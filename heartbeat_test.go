@@ -12,7 +12,7 @@ func queueOrder(t *testing.T, q *heartbeats) []time.Time {
 	var dues []time.Time
 	var prev *heartbeat
 	for hb := q.head; hb != nil; hb = hb.next {
-		if hb.prev != prev || !hb.queued {
+		if hb.prev != prev || !q.holds(hb) {
 			t.Fatalf("broken link at %v", hb.due)
 		}
 		dues = append(dues, hb.due)
@@ -46,7 +46,7 @@ func TestHeartbeatsQueue(t *testing.T) {
 			t.Fatalf("position %d: due %v, want %v", i, got[i].Sub(base), want.Sub(base))
 		}
 	}
-	if !q.armed || !q.armedAt.Equal(base.Add(time.Minute)) {
+	if !q.armedAt.Equal(base.Add(time.Minute)) {
 		t.Fatalf("timer set for %v, want the earliest due", q.armedAt.Sub(base))
 	}
 	// A due equal to the last one goes behind it.
@@ -57,7 +57,7 @@ func TestHeartbeatsQueue(t *testing.T) {
 	}
 	for _, i := range []int{2, 0, 1} { // front (1 min), middle (3 min), then 5 min
 		q.remove(hbs[i])
-		if hbs[i].queued || hbs[i].prev != nil || hbs[i].next != nil {
+		if q.holds(hbs[i]) || hbs[i].prev != nil || hbs[i].next != nil {
 			t.Fatalf("removed heartbeat %d still linked", i)
 		}
 	}
@@ -83,15 +83,15 @@ func TestHeartbeatsFire(t *testing.T) {
 	q.add(past1, now.Add(-time.Second))
 	q.add(past2, now)
 	q.fire()
-	if past1.queued || past2.queued || !future.queued || q.head != future || q.tail != future {
-		t.Fatalf("queued after fire: past %v %v, future %v", past1.queued, past2.queued, future.queued)
+	if q.holds(past1) || q.holds(past2) || !q.holds(future) || q.head != future || q.tail != future {
+		t.Fatalf("queued after fire: past %v %v, future %v", q.holds(past1), q.holds(past2), q.holds(future))
 	}
-	if !q.armed || !q.armedAt.Equal(future.due) {
+	if !q.armedAt.Equal(future.due) {
 		t.Fatal("timer not set for the remaining heartbeat")
 	}
 	q.remove(future)
 	q.fire()
-	if q.armed || q.head != nil {
+	if !q.armedAt.IsZero() || q.head != nil {
 		t.Fatal("timer set with an empty queue")
 	}
 }

@@ -304,16 +304,12 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 	client := benchClient(b, 8)
 	for _, size := range []int{1 << 10} {
-		for _, trio := range [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}} {
+		for _, trio := range benchTrios {
 			b.Run(fmt.Sprintf("%s/body=%d", trio[2], size), func(b *testing.B) {
-				env := &redisBenchEnv{client: client, payload: load.Payload(size)}
-				env.store = newStore(b, client)
+				hs, keys, want := setupTrio(b, client, size, trio, b.N+1)
 				var sends [3]func(i int) (time.Duration, int)
-				var want [3]int
-				for j, name := range trio {
-					bc := benchCase(name)
-					h, key := bc.setup(b, env, b.N+1)
-					sends[j], want[j] = requester(h, key), bc.status
+				for j := range trio {
+					sends[j] = requester(hs[j], keys[j])
 				}
 				var total [3]time.Duration
 				b.ReportAllocs()
@@ -347,10 +343,22 @@ func reportTrio(b *testing.B, total [3]time.Duration, requests int) {
 	b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
 }
 
-// benchCase returns the case of redisBenchCases called name.
-func benchCase(name string) redisBenchCase {
-	i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
-	return redisBenchCases[i]
+// benchTrios are the floor, record floor and middleware cases measured
+// side by side: for replays, and for first executions.
+var benchTrios = [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}}
+
+// setupTrio sets up the cases of trio on a new store over client, with a
+// payload of size bytes and room for n requests each, and returns their
+// handlers, keys and the status each must answer.
+func setupTrio(b *testing.B, client *redis.Client, size int, trio [3]string, n int) (hs [3]http.Handler, keys [3]func(int) ([]string, string), want [3]int) {
+	env := &redisBenchEnv{client: client, payload: load.Payload(size)}
+	env.store = newStore(b, client)
+	for j, name := range trio {
+		i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
+		hs[j], keys[j] = redisBenchCases[i].setup(b, env, n)
+		want[j] = redisBenchCases[i].status
+	}
+	return hs, keys, want
 }
 
 // BenchmarkMiddlewareRedisPhased measures the middleware against its floors
@@ -366,19 +374,14 @@ func benchCase(name string) redisBenchCase {
 func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 	const clients, perPhase, size = 64, 25, 1 << 10
 	client := benchClient(b, 2*clients)
-	for _, trio := range [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}} {
+	for _, trio := range benchTrios {
 		b.Run(fmt.Sprintf("%s/body=%d/clients=%d", trio[2], size, clients), func(b *testing.B) {
-			env := &redisBenchEnv{client: client, payload: load.Payload(size)}
-			env.store = newStore(b, client)
+			hs, keys, want := setupTrio(b, client, size, trio, b.N*clients*perPhase+1)
 			var sends [clients][3]func(i int) (time.Duration, int)
-			var want [3]int
-			for j, name := range trio {
-				bc := benchCase(name)
-				h, key := bc.setup(b, env, b.N*clients*perPhase+1)
-				for g := range sends {
-					sends[g][j] = requester(h, key)
+			for g := range sends {
+				for j := range trio {
+					sends[g][j] = requester(hs[j], keys[j])
 				}
-				want[j] = bc.status
 			}
 			var failed atomic.Value
 			var total [3]time.Duration
