@@ -1,6 +1,6 @@
 -- complete.lua: the complete edge. Stores the payload and moves the record
 -- held by the caller's token to COMPLETE, kept for the TTL from now, then
--- publishes on the record's channel.
+-- publishes on the record's channel if a waiter has marked it (watch.lua).
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller
@@ -16,7 +16,7 @@
 
 local key, token = KEYS[1], ARGV[1]
 
-local f = redis.pcall('HMGET', key, 'state', 'token')
+local f = redis.pcall('HMGET', key, 'state', 'token', 'watched')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
@@ -32,5 +32,5 @@ end
 -- where nothing reads it.
 redis.call('HSET', key, 'state', 'complete', 'meta', ARGV[3], 'body', ARGV[4])
 redis.call('PEXPIRE', key, ARGV[2])
-redis.call('PUBLISH', ARGV[5], 'complete')
+if f[3] then redis.call('PUBLISH', ARGV[5], 'complete') end
 return {1}

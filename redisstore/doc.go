@@ -41,9 +41,11 @@
 // # Waiting
 //
 // Complete and release PUBLISH on the channel prefix + storage key +
-// ":changed". Watch subscribes to it over one pub/sub connection shared by
-// all waiters of a Store, and returns once Redis has confirmed the
-// subscription. Close stops that connection.
+// ":changed" when a waiter has marked the record as watched. Watch
+// subscribes to it over one pub/sub connection shared by all waiters of a
+// Store and, once Redis has confirmed the subscription, marks the record.
+// A record nobody waits for is completed without a PUBLISH, which a Cluster
+// would broadcast to every node. Close stops that connection.
 //
 // # Durability
 //

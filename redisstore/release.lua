@@ -1,5 +1,6 @@
 -- release.lua: the release edge. Deletes the IN_PROGRESS record held by the
--- caller's token, then publishes on the record's channel.
+-- caller's token, then publishes on the record's channel if a waiter has
+-- marked it (watch.lua).
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller
@@ -12,12 +13,12 @@
 
 local key, token = KEYS[1], ARGV[1]
 
-local f = redis.pcall('HMGET', key, 'state', 'token')
+local f = redis.pcall('HMGET', key, 'state', 'token', 'watched')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
 if not f[1] and redis.call('EXISTS', key) == 0 then return {1} end
 if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
 redis.call('DEL', key)
-redis.call('PUBLISH', ARGV[2], 'released')
+if f[3] then redis.call('PUBLISH', ARGV[2], 'released') end
 return {1}

@@ -27,4 +27,10 @@ var (
 	//go:embed extend.lua
 	extendSrc    string
 	extendScript = redis.NewScript(extendSrc)
+
+	// watchScript is not an edge: it marks a record as watched, so that
+	// complete and release publish on its channel.
+	//go:embed watch.lua
+	watchSrc    string
+	watchScript = redis.NewScript(watchSrc)
 )

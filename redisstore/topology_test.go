@@ -75,8 +75,8 @@ func TestRestartReloadsScripts(t *testing.T) {
 			evals++
 		}
 	}
-	if evals != 4 {
-		t.Fatalf("after restart sent %v: want one EVAL per script (4)", counter.sent())
+	if evals != 5 {
+		t.Fatalf("after restart sent %v: want one EVAL per script (5)", counter.sent())
 	}
 
 	// Waiters survive a restart: a waiter registered after it is woken.

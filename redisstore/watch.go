@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -11,9 +12,16 @@ import (
 )
 
 // Watch implements idempotency.Store. The complete and release scripts
-// PUBLISH on the record's channel (see Channel); Watch subscribes to it and
-// returns only once Redis has confirmed the subscription, so a completion
-// after Watch returns is not missed while the connection holds.
+// PUBLISH on the record's channel (see Channel) when a waiter has marked the
+// record as watched. Watch subscribes to the channel and, once Redis has
+// confirmed the subscription, marks the record (one more round trip), so a
+// completion after Watch returns is not missed while the connection holds.
+// A record that nobody watches is completed without a PUBLISH, which a
+// Cluster would send to every node. When there is no record at key, Watch
+// marks nothing and returns a channel that only a broken connection or Close
+// closes: the waiter's re-check finds the key free. A value under key that
+// is not a hash is reported as an error wrapping
+// idempotency.ErrCorruptRecord.
 //
 // All waiters of a Store share one pub/sub connection, opened on the first
 // Watch: a channel is subscribed while at least one waiter watches it. When
@@ -28,7 +36,29 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	if key == "" {
 		return nil, nil, errors.New("redisstore: empty key")
 	}
-	return s.hub.watch(ctx, s.Channel(key))
+	rkey, channel := s.keyAndChannel(key)
+	changed, stop, err := s.hub.watch(ctx, channel)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.mark(ctx, rkey); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return changed, stop, nil
+}
+
+// mark runs the watch script on the record at rkey.
+func (s *Store) mark(ctx context.Context, rkey string) error {
+	reply, err := watchScript.Run(ctx, s.client, []string{rkey}).Slice()
+	if err != nil {
+		return fmt.Errorf("redisstore: watch %s: %w", rkey, err)
+	}
+	code, err := replyCode(rkey, reply)
+	if err == nil && code != 0 && code != 1 {
+		err = fmt.Errorf("redisstore: watch %s: unexpected reply %v", rkey, reply)
+	}
+	return err
 }
 
 // hub multiplexes the waiters of one Store over a single *redis.PubSub. A

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -262,4 +263,114 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return true
+}
+
+// TestPublishOnlyWhenWatched: complete and release publish on a record's
+// channel only when a waiter has watched the record. A subscriber of its own
+// (not the store's) listens on each channel; after each edge it sends a
+// PING on the same connection, so a message the edge published arrives
+// before the PONG and a missing one is known without waiting.
+func TestPublishOnlyWhenWatched(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	published := func(t *testing.T, ps *redis.PubSub) []string {
+		t.Helper()
+		if err := ps.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			msg, err := ps.ReceiveTimeout(ctx, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := msg.(type) {
+			case *redis.Message:
+				got = append(got, m.Payload)
+			case *redis.Pong:
+				return got
+			}
+		}
+	}
+	for _, edge := range []string{"complete", "release"} {
+		for _, watched := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/watched=%v", edge, watched), func(t *testing.T) {
+				key := randKey()
+				ps := c.Subscribe(ctx, s.Channel(key))
+				defer ps.Close()
+				if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); err != nil { // the confirmation
+					t.Fatal(err)
+				}
+				mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+				var changed <-chan struct{}
+				if watched {
+					ch, stop, err := s.Watch(ctx, key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer stop()
+					changed = ch
+					if v := c.HGet(ctx, s.RecordKey(key), "watched").Val(); v != "1" {
+						t.Fatalf("watched field after Watch = %q, want 1", v)
+					}
+				}
+				var err error
+				if edge == "complete" {
+					err = s.Complete(ctx, key, "t1", sampleResponse(), time.Hour)
+				} else {
+					err = s.Release(ctx, key, "t1")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := published(t, ps)
+				want := map[string]string{"complete": "complete", "release": "released"}[edge]
+				switch {
+				case watched && !slices.Equal(got, []string{want}):
+					t.Fatalf("published %q, want [%q]", got, want)
+				case !watched && len(got) != 0:
+					t.Fatalf("published %q with no waiter, want nothing", got)
+				}
+				if watched {
+					waitClosed(t, changed, edge)
+				}
+			})
+		}
+	}
+}
+
+// TestWatchMarksOnlyRecords: Watch on a key with no record creates
+// nothing, and on a value that is not a hash reports a corrupt record.
+func TestWatchMarksOnlyRecords(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	key := randKey()
+	_, stop, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatalf("Watch of a free key: %v", err)
+	}
+	stop()
+	if n := c.Exists(ctx, s.RecordKey(key)).Val(); n != 0 {
+		t.Fatalf("Watch of a free key created it: %v", c.HGetAll(ctx, s.RecordKey(key)).Val())
+	}
+	// The key is free for a first execution, which nothing marked.
+	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+	if n := c.HExists(ctx, s.RecordKey(key), "watched").Val(); n {
+		t.Fatal("a record watched before it existed is marked")
+	}
+
+	bad := randKey()
+	if err := c.Set(ctx, s.RecordKey(bad), "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Watch(ctx, bad); !errors.Is(err, idempotency.ErrCorruptRecord) {
+		t.Fatalf("Watch of a string = %v, want ErrCorruptRecord", err)
+	}
+	// A failed Watch leaves no subscription behind.
+	if !waitUntil(5*time.Second, func() bool {
+		n, err := c.PubSubNumSub(ctx, s.Channel(bad)).Result()
+		return err == nil && n[s.Channel(bad)] == 0
+	}) {
+		t.Fatal("channel still subscribed after a failed Watch")
+	}
 }
