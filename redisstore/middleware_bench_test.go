@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,6 +99,27 @@ var redisBenchCases = []redisBenchCase{
 		var seq atomic.Int64
 		b.Cleanup(func() { cleanPrefix(env.client, prefix) })
 		return recordFloor(env, func(*http.Request) string { return prefix + strconv.FormatInt(seq.Add(1), 10) }), noKey
+	}},
+	// Store1 and Store2 call the store's own Acquire (and Complete) around
+	// the handler, as the middleware does, without the middleware: no key
+	// parsing, fingerprint, recorder or heartbeat. The gap between them and
+	// the record floors is the price of the store's checks (its scripts'
+	// extra work and its Go side); the gap between them and Replay or
+	// FirstExecution is the middleware's own work.
+	{"Store1", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		key := redistest.Prefix() + "store1"
+		if _, err := env.store.Acquire(ctx, storeReq(key, "t0")); err != nil {
+			b.Fatal(err)
+		}
+		if err := env.store.Complete(ctx, key, "t0", storeResponse(env.payload), 5*time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		return storeAlone(env, func(int) string { return key }), func(int) ([]string, string) { return nil, "dup" }
+	}},
+	{"Store2", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
+		prefix := redistest.Prefix()
+		var seq atomic.Int64
+		return storeAlone(env, func(int) string { return prefix + strconv.FormatInt(seq.Add(1), 10) }), noKey
 	}},
 	{"FirstExecution", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		keys := make([][]string, n)
@@ -290,70 +312,121 @@ func recordFloor(env *redisBenchEnv, key func(*http.Request) string) http.Handle
 	})
 }
 
+// storeReq is an AcquireRequest of the store-alone cases, with a
+// fingerprint and token of the middleware's sizes.
+func storeReq(key, token string) idempotency.AcquireRequest {
+	return idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: storeFingerprint,
+		Lease: 10 * time.Second, TTL: 5 * time.Minute}
+}
+
+var storeFingerprint = strings.Repeat("f", 64)
+
+// storeResponse is what load.Handler writes, as the store keeps it.
+func storeResponse(payload []byte) *idempotency.Response {
+	return &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: payload}
+}
+
+// storeAlone is the handler of the Store1 and Store2 cases: Acquire; then
+// either the stored response written back, or the handler and Complete.
+func storeAlone(env *redisBenchEnv, key func(int) string) http.Handler {
+	next := load.Handler(env.payload)
+	var tokens atomic.Int64
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, token := key(0), strconv.FormatInt(tokens.Add(1), 16)
+		acq, err := env.store.Acquire(r.Context(), storeReq(k, token))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if acq.Outcome == idempotency.Completed {
+			for name, v := range acq.Response.Header {
+				w.Header()[name] = v
+			}
+			w.WriteHeader(acq.Response.Status)
+			_, _ = w.Write(acq.Response.Body)
+			return
+		}
+		next.ServeHTTP(w, r)
+		// The response is written; as in load.FloorHandler, a failed
+		// second trip can change nothing in it.
+		_ = env.store.Complete(r.Context(), k, token, storeResponse(env.payload), 5*time.Minute)
+	})
+}
+
 // BenchmarkMiddlewareRedisPaired measures, from one client, the middleware
 // against its floors in lockstep: every op sends one request to the floor
 // (Floor1 for Replay, Floor2 for FirstExecution), one to the record floor
-// (Record1, Record2) and one through the middleware, in an order that
-// rotates from op to op, so that all three see the same background load.
+// (Record1, Record2), one to the store alone (Store1, Store2) and one
+// through the middleware, in an order that rotates from op to op, so that
+// all four see the same background load.
 // On a shared machine the load changes from one sub-benchmark to the next
 // by more than the differences measured, so the one-client ratios of
 // BenchmarkMiddlewareRedis, taken between rows run seconds apart, move by
 // tens of per cent from run to run; these do not. It reports the mean time
-// of each kind of request (floor-µs/req, record-µs/req, mw-µs/req) and
-// their ratios to the floor (mw/floor, record/floor: target ≤ 1.25).
+// of each kind of request and their ratios (see reportSet).
 func BenchmarkMiddlewareRedisPaired(b *testing.B) {
 	client := benchClient(b, 8)
 	for _, size := range []int{1 << 10} {
-		for _, trio := range benchTrios {
-			b.Run(fmt.Sprintf("%s/body=%d", trio[2], size), func(b *testing.B) {
-				hs, keys, want := setupTrio(b, client, size, trio, b.N+1)
-				var sends [3]func(i int) (time.Duration, int)
-				for j := range trio {
+		for _, set := range benchSets {
+			b.Run(fmt.Sprintf("%s/body=%d", set[len(set)-1], size), func(b *testing.B) {
+				hs, keys, want := setupSet(b, client, size, set, b.N+1)
+				var sends [setSize]func(i int) (time.Duration, int)
+				for j := range set {
 					sends[j] = requester(hs[j], keys[j])
 				}
-				var total [3]time.Duration
+				var total [setSize]time.Duration
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					for j := range 3 {
-						k := (i + j) % 3
+					for j := range setSize {
+						k := (i + j) % setSize
 						d, got := sends[k](i)
 						if got != want[k] {
-							b.Fatalf("%s: status %d, want %d", trio[k], got, want[k])
+							b.Fatalf("%s: status %d, want %d", set[k], got, want[k])
 						}
 						total[k] += d
 					}
 				}
 				b.StopTimer()
-				reportTrio(b, total, b.N)
+				reportSet(b, total, b.N)
 			})
 		}
 	}
 }
 
-// reportTrio reports the time per request of floor, record floor and
-// middleware (total holds the time each took for requests requests) and
-// their ratios to the floor.
-func reportTrio(b *testing.B, total [3]time.Duration, requests int) {
+// reportSet reports the time per request of floor, record floor, store
+// alone and middleware (total holds the time each took for requests
+// requests: floor-µs/req, record-µs/req, store-µs/req, mw-µs/req), their
+// ratios to the floor (mw/floor: target ≤ 1.25; record/floor, store/floor)
+// and the middleware's to the store alone (mw/store).
+func reportSet(b *testing.B, total [setSize]time.Duration, requests int) {
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(requests) }
 	b.ReportMetric(us(total[0]), "floor-µs/req")
 	b.ReportMetric(us(total[1]), "record-µs/req")
-	b.ReportMetric(us(total[2]), "mw-µs/req")
-	b.ReportMetric(float64(total[2])/float64(total[0]), "mw/floor")
+	b.ReportMetric(us(total[2]), "store-µs/req")
+	b.ReportMetric(us(total[3]), "mw-µs/req")
+	b.ReportMetric(float64(total[3])/float64(total[0]), "mw/floor")
 	b.ReportMetric(float64(total[1])/float64(total[0]), "record/floor")
+	b.ReportMetric(float64(total[2])/float64(total[0]), "store/floor")
+	b.ReportMetric(float64(total[3])/float64(total[2]), "mw/store")
 }
 
-// benchTrios are the floor, record floor and middleware cases measured
-// side by side: for replays, and for first executions.
-var benchTrios = [][3]string{{"Floor1", "Record1", "Replay"}, {"Floor2", "Record2", "FirstExecution"}}
+// benchSets are the floor, record floor, store-alone and middleware cases
+// measured side by side: for replays, and for first executions.
+var benchSets = [][setSize]string{
+	{"Floor1", "Record1", "Store1", "Replay"},
+	{"Floor2", "Record2", "Store2", "FirstExecution"},
+}
 
-// setupTrio sets up the cases of trio on a new store over client, with a
+const setSize = 4
+
+// setupSet sets up the cases of set on a new store over client, with a
 // payload of size bytes and room for n requests each, and returns their
 // handlers, keys and the status each must answer.
-func setupTrio(b *testing.B, client *redis.Client, size int, trio [3]string, n int) (hs [3]http.Handler, keys [3]func(int) ([]string, string), want [3]int) {
+func setupSet(b *testing.B, client *redis.Client, size int, set [setSize]string, n int) (hs [setSize]http.Handler, keys [setSize]func(int) ([]string, string), want [setSize]int) {
 	env := &redisBenchEnv{client: client, payload: load.Payload(size)}
 	env.store = newStore(b, client)
-	for j, name := range trio {
+	for j, name := range set {
 		i := slices.IndexFunc(redisBenchCases, func(c redisBenchCase) bool { return c.name == name })
 		hs[j], keys[j] = redisBenchCases[i].setup(b, env, n)
 		want[j] = redisBenchCases[i].status
@@ -363,33 +436,32 @@ func setupTrio(b *testing.B, client *redis.Client, size int, trio [3]string, n i
 
 // BenchmarkMiddlewareRedisPhased measures the middleware against its floors
 // with 64 concurrent clients, in phases that alternate quickly: each op runs
-// three phases, one per kind of request (floor, record floor, middleware) in
-// an order that rotates from op to op, and in each phase 64 goroutines send
-// 25 requests each. The rows of BenchmarkMiddlewareRedis run seconds apart,
+// four phases, one per kind of request (floor, record floor, store alone,
+// middleware) in an order that rotates from op to op, and in each phase 64
+// goroutines send 25 requests each. The rows of BenchmarkMiddlewareRedis run seconds apart,
 // and with 64 clients the two processes share the machine's two cores, so
 // any other load changes them; phases a fraction of a second long see the
 // same load. It reports the time per request of each kind (the inverse of
-// its throughput: floor-µs/req, record-µs/req, mw-µs/req) and their ratios
-// to the floor (mw/floor, record/floor: target ≤ 1.25).
+// its throughput) and their ratios (see reportSet).
 func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 	const clients, perPhase, size = 64, 25, 1 << 10
 	client := benchClient(b, 2*clients)
-	for _, trio := range benchTrios {
-		b.Run(fmt.Sprintf("%s/body=%d/clients=%d", trio[2], size, clients), func(b *testing.B) {
-			hs, keys, want := setupTrio(b, client, size, trio, b.N*clients*perPhase+1)
-			var sends [clients][3]func(i int) (time.Duration, int)
+	for _, set := range benchSets {
+		b.Run(fmt.Sprintf("%s/body=%d/clients=%d", set[len(set)-1], size, clients), func(b *testing.B) {
+			hs, keys, want := setupSet(b, client, size, set, b.N*clients*perPhase+1)
+			var sends [clients][setSize]func(i int) (time.Duration, int)
 			for g := range sends {
-				for j := range trio {
+				for j := range set {
 					sends[g][j] = requester(hs[j], keys[j])
 				}
 			}
 			var failed atomic.Value
-			var total [3]time.Duration
+			var total [setSize]time.Duration
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				for j := range 3 {
-					k := (i + j) % 3
+				for j := range setSize {
+					k := (i + j) % setSize
 					var wg sync.WaitGroup
 					start := time.Now()
 					for g := range clients {
@@ -398,7 +470,7 @@ func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 							defer wg.Done()
 							for r := range perPhase {
 								if _, got := sends[g][k]((i*clients+g)*perPhase + r); got != want[k] {
-									failed.CompareAndSwap(nil, fmt.Sprintf("%s: status %d, want %d", trio[k], got, want[k]))
+									failed.CompareAndSwap(nil, fmt.Sprintf("%s: status %d, want %d", set[k], got, want[k]))
 								}
 							}
 						}()
@@ -411,7 +483,7 @@ func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 			if msg := failed.Load(); msg != nil {
 				b.Fatal(msg)
 			}
-			reportTrio(b, total, b.N*clients*perPhase)
+			reportSet(b, total, b.N*clients*perPhase)
 		})
 	}
 }

@@ -93,9 +93,9 @@ var sideBySide = []struct {
 	how, title, text    string
 }{
 	{"redis-paired", "BenchmarkMiddlewareRedisPaired", "", 1, "in lockstep", "One client, in lockstep",
-		"`BenchmarkMiddlewareRedisPaired`: one client sends, op after op, one request to the floor, one to the record floor and one through the middleware, in an order that rotates, so that the three see the same background load; the table gives the mean time of each and the ratios to the floor. The one-client rows above run seconds apart, and on this shared machine the load changes between them by more than the differences measured; the summary takes the one-client ratios from here."},
+		"`BenchmarkMiddlewareRedisPaired`: one client sends, op after op, one request to the floor, one to the record floor, one to the store alone and one through the middleware, in an order that rotates, so that the four see the same background load; the table gives the mean time of each and the ratios to the floor. The one-client rows above run seconds apart, and on this shared machine the load changes between them by more than the differences measured; the summary takes the one-client ratios from here."},
 	{"redis-phased", "BenchmarkMiddlewareRedisPhased", "/clients=64", 64, "in alternating phases", "64 clients, in alternating phases",
-		"`BenchmarkMiddlewareRedisPhased`: each op runs three phases, one for the floor, one for the record floor and one for the middleware, in an order that rotates; in each phase 64 goroutines send 25 requests each. Phases last a fraction of a second, so the three see the same background load; the table gives the time per request of each (wall time of its phases over their requests: the inverse of throughput) and the ratios to the floor. The summary takes the 64-client ratios from here."},
+		"`BenchmarkMiddlewareRedisPhased`: each op runs four phases, one for the floor, one for the record floor, one for the store alone and one for the middleware, in an order that rotates; in each phase 64 goroutines send 25 requests each. Phases last a fraction of a second, so the four see the same background load; the table gives the time per request of each (wall time of its phases over their requests: the inverse of throughput) and the ratios to the floor. The summary takes the 64-client ratios from here."},
 }
 
 // scaleVerdict judges the GOMAXPROCS row: acquire+complete and replay must
@@ -297,18 +297,27 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 				return val(r, fmt.Sprintf("%s/%s/body=1024%s", sbs.bench, name, sbs.suffix), procs, unit)
 			}
 			f, ok1 := get("FirstExecution", "mw/floor")
-			fr, _ := get("FirstExecution", "record/floor")
 			p, ok2 := get("Replay", "mw/floor")
-			pr, _ := get("Replay", "record/floor")
 			if !ok1 || !ok2 {
 				continue
+			}
+			// parts names what the ratio is made of: the record floor's
+			// and the store's own ratios to the floor.
+			parts := func(name string) string {
+				rec, _ := get(name, "record/floor")
+				out := fmt.Sprintf("the record floor alone is %.2f×", rec.med)
+				if st, ok := get(name, "store/floor"); ok {
+					ms, _ := get(name, "mw/store")
+					out += fmt.Sprintf(", the store's own calls %.2f× (the middleware adds %+.0f%% to them)", st.med, 100*(ms.med-1))
+				}
+				return out
 			}
 			seq, n := rr[sbs.clients], sbs.clients
 			summary = append(summary,
 				[]string{fmt.Sprintf("Redis, %d client(s), 1 KiB: first execution ≤ 1.25× (bare handler + 2 EVALSHA)", n),
-					fmt.Sprintf("%s %s (rows run apart: %.2f×); the record floor alone is %.2f×%s", ratioCell(f), sbs.how, seq.first, fr.med, overHTTP("new=100", n)), verdict(f.med <= 1.25)},
+					fmt.Sprintf("%s %s (rows run apart: %.2f×); %s%s", ratioCell(f), sbs.how, seq.first, parts("FirstExecution"), overHTTP("new=100", n)), verdict(f.med <= 1.25)},
 				[]string{fmt.Sprintf("Redis, %d client(s), 1 KiB: replay ≤ 1.25× (1 EVALSHA)", n),
-					fmt.Sprintf("%s %s (rows run apart: %.2f×); the record floor alone is %.2f×%s", ratioCell(p), sbs.how, seq.replay, pr.med, overHTTP("dup=100", n)), verdict(p.med <= 1.25)})
+					fmt.Sprintf("%s %s (rows run apart: %.2f×); %s%s", ratioCell(p), sbs.how, seq.replay, parts("Replay"), overHTTP("dup=100", n)), verdict(p.med <= 1.25)})
 			delete(rr, n)
 		}
 		for _, clients := range []int{1, 64} {
@@ -423,12 +432,12 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 	if rd != nil {
 		d.p("## Redis")
 		d.p("")
-		d.p("`BenchmarkMiddlewareRedis` (`./redisstore`): one request through the middleware on redisstore, in process (no HTTP), against a private redis-server on loopback. The floors run the same handler with raw EVALSHA round trips of `return {1}`: **Floor1** one (what a replay, conflict or mismatch needs at least), **Floor2** one before and one after the handler (a first execution). The record floors do the least any store that keeps its records in Redis hashes must do, with no checks at all: **Record1** is one EVALSHA that reads a stored payload (HMGET meta, body) and writes it as the response; **Record2** is the handler between one EVALSHA that creates a record (HSET, PEXPIRE) and one that stores the payload in it (HSET, PEXPIRE). clients=64 runs 64 goroutines over one go-redis client (PoolSize 128). ns/op is wall time per request (the inverse of throughput); p50/p99 are per-request latencies; proc and redis CPU are the CPU time the benchmark process and redis-server spent per request (both share the machine's cores, so with 64 clients their sum bounds throughput). The ratios compare with the matching floor (target ≤ 1.25) and with the matching record floor.")
+		d.p("`BenchmarkMiddlewareRedis` (`./redisstore`): one request through the middleware on redisstore, in process (no HTTP), against a private redis-server on loopback. The floors run the same handler with raw EVALSHA round trips of `return {1}`: **Floor1** one (what a replay, conflict or mismatch needs at least), **Floor2** one before and one after the handler (a first execution). The record floors do the least any store that keeps its records in Redis hashes must do, with no checks at all: **Record1** is one EVALSHA that reads a stored payload (HMGET meta, body) and writes it as the response; **Record2** is the handler between one EVALSHA that creates a record (HSET, PEXPIRE) and one that stores the payload in it (HSET, PEXPIRE). **Store1** and **Store2** call the store's own `Acquire` (and, for a first execution, the handler and `Complete`) without the middleware: what the store's scripts and its Go side cost, before the middleware parses the key, fingerprints the request, records the response and runs the heartbeat. clients=64 runs 64 goroutines over one go-redis client (PoolSize 128). ns/op is wall time per request (the inverse of throughput); p50/p99 are per-request latencies; proc and redis CPU are the CPU time the benchmark process and redis-server spent per request (both share the machine's cores, so with 64 clients their sum bounds throughput). The ratios compare with the matching floor (target ≤ 1.25) and with the matching record floor.")
 		d.p("")
 		for _, size := range []int{0, 1 << 10, 64 << 10} {
 			var rrows [][]string
 			for _, clients := range []int{1, 64} {
-				for _, name := range []string{"Bare", "Floor1", "Floor2", "Record1", "Record2", "FirstExecution", "Replay", "Conflict", "Mismatch"} {
+				for _, name := range []string{"Bare", "Floor1", "Floor2", "Record1", "Record2", "Store1", "Store2", "FirstExecution", "Replay", "Conflict", "Mismatch"} {
 					base := fmt.Sprintf("BenchmarkMiddlewareRedis/%s/body=%d/clients=%d", name, size, clients)
 					ns, ok := val(rd, base, procs, "ns/op")
 					p50, ok1 := val(rd, base, procs, "p50-µs")
@@ -451,6 +460,10 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 						rs = ratio("Floor2")
 					case "Record1":
 						rs = ratio("Floor1")
+					case "Store2":
+						rs, rec = ratio("Floor2"), ratio("Record2")
+					case "Store1":
+						rs, rec = ratio("Floor1"), ratio("Record1")
 					case "Replay":
 						rs, rec = ratio("Floor1"), ratio("Record1")
 					case "Conflict", "Mismatch":
@@ -479,18 +492,18 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 			var prow [][]string
 			for _, name := range []string{"Replay", "FirstExecution"} {
 				base := fmt.Sprintf("%s/%s/body=1024%s", sbs.bench, name, sbs.suffix)
-				floor, rec := "Floor1", "Record1"
+				cases := "Floor1, Record1, Store1"
 				if name == "FirstExecution" {
-					floor, rec = "Floor2", "Record2"
+					cases = "Floor2, Record2, Store2"
 				}
-				fl, ok1 := val(rp, base, procs, "floor-µs/req")
-				rc, ok2 := val(rp, base, procs, "record-µs/req")
-				mw, ok3 := val(rp, base, procs, "mw-µs/req")
-				r1, ok4 := val(rp, base, procs, "mw/floor")
-				r2, ok5 := val(rp, base, procs, "record/floor")
-				prow = append(prow, []string{name + " (" + floor + ", " + rec + ")", cell(fl, ok1), cell(rc, ok2), cell(mw, ok3), cell(r1, ok4), cell(r2, ok5)})
+				row := []string{name + " (" + cases + ")"}
+				for _, unit := range []string{"floor-µs/req", "record-µs/req", "store-µs/req", "mw-µs/req", "mw/floor", "record/floor", "store/floor", "mw/store"} {
+					v, ok := val(rp, base, procs, unit)
+					row = append(row, cell(v, ok))
+				}
+				prow = append(prow, row)
 			}
-			d.table([]string{fmt.Sprintf("1 KiB, %d client(s)", sbs.clients), "floor µs/req", "record floor µs/req", "middleware µs/req", "middleware / floor", "record floor / floor"}, prow)
+			d.table([]string{fmt.Sprintf("1 KiB, %d client(s)", sbs.clients), "floor µs/req", "record floor µs/req", "store alone µs/req", "middleware µs/req", "middleware / floor", "record floor / floor", "store alone / floor", "middleware / store alone"}, prow)
 		}
 		if scripts != nil {
 			d.p("### Server time per script")
