@@ -167,14 +167,16 @@ func TestHTTPWaitModeOverPubSub(t *testing.T) {
 		resp, b := post(t, srv.URL, "wait-key", "x")
 		waiterDone <- result{resp.StatusCode, b, resp.Header}
 	}()
-	// Wait until the duplicate subscribed to the record's channel, then
-	// let the original finish.
+	// Wait until the duplicate subscribed to the record's channel and
+	// marked the record as watched, then let the original finish: its
+	// complete publishes, and only the notification (not the holder's
+	// one-minute lease) can end the wait in time.
 	key := idempotency.StorageKey("", "wait-key")
 	if !waitUntil(5*time.Second, func() bool {
 		n, err := c.PubSubNumSub(ctx, s.Channel(key)).Result()
-		return err == nil && n[s.Channel(key)] > 0
+		return err == nil && n[s.Channel(key)] > 0 && c.HGet(ctx, s.RecordKey(key), "watched").Val() == "1"
 	}) {
-		t.Fatal("duplicate never subscribed")
+		t.Fatal("duplicate never subscribed and marked the record")
 	}
 	start := time.Now()
 	close(h.gate)
