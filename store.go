@@ -74,7 +74,8 @@ type Store interface {
 	// Acquire, so no change can slip between the check and the wait. The
 	// notification is a hint: the waiter must re-check, and must bound its
 	// wait, since a notification can be lost (for example over a network),
-	// and a steal or an expiry need not notify.
+	// and a steal or an expiry need not notify, nor need the edges of a
+	// record that did not exist yet when Watch was called.
 	// Extra wake-ups (a broken connection, Close) are allowed: the re-check
 	// makes them harmless. stop releases the subscription and must be called
 	// exactly once.
