@@ -80,9 +80,10 @@ func steps(c config) []step {
 	count := fmt.Sprint(c.count)
 	redisTime, pairedN := "0.5s", "3000x"
 	keyCountN := "3000x" // ops of 4 requests, one per size
-	phasedN := "20x"     // ops of 3 phases of 64×25 requests
+	phasedN := "20x"     // ops of 4 phases of 64×25 requests
+	clusterN := "10x"    // ops of 2 phases of 32×25 first executions
 	if c.quick {
-		redisTime, pairedN, keyCountN, phasedN = "2000x", "500x", "1000x", "2x"
+		redisTime, pairedN, keyCountN, phasedN, clusterN = "2000x", "500x", "1000x", "2x", "2x"
 	}
 	steps := []step{
 		{"middleware", []string{"-bench", "^BenchmarkMiddleware$", "-count", count, "."}},
@@ -98,6 +99,7 @@ func steps(c config) []step {
 			step{"redis-paired", []string{"-bench", "^BenchmarkMiddlewareRedisPaired$", "-benchtime", pairedN, "-count", count, "./redisstore/"}},
 			step{"redis-phased", []string{"-bench", "^BenchmarkMiddlewareRedisPhased$", "-benchtime", phasedN, "-count", count, "./redisstore/"}},
 			step{"redis-keycount", []string{"-bench", "^BenchmarkKeyCount$", "-benchtime", keyCountN, "-count", count, "./redisstore/"}},
+			step{"redis-cluster", []string{"-bench", "^BenchmarkClusterPublish$", "-benchtime", clusterN, "-count", count, "./redisstore/"}},
 		)
 	}
 	return steps

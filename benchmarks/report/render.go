@@ -505,6 +505,25 @@ func render(c config, m machineInfo, res map[string]*results, loads []loadRun, s
 			}
 			d.table([]string{fmt.Sprintf("1 KiB, %d client(s)", sbs.clients), "floor µs/req", "record floor µs/req", "store alone µs/req", "middleware µs/req", "middleware / floor", "record floor / floor", "store alone / floor", "middleware / store alone"}, prow)
 		}
+		if rc := res["redis-cluster"]; rc != nil {
+			const base = "BenchmarkClusterPublish"
+			w, ok1 := val(rc, base, procs, "cpu-µs/fe@watched")
+			a, ok2 := val(rc, base, procs, "cpu-µs/fe@always")
+			r, ok3 := val(rc, base, procs, "watched/always")
+			ww, ok4 := val(rc, base, procs, "wall-µs/fe@watched")
+			wa, ok5 := val(rc, base, procs, "wall-µs/fe@always")
+			if ok1 || ok2 {
+				d.p("### Cluster: publishing only for watched records")
+				d.p("")
+				d.p("`BenchmarkClusterPublish` (`./redisstore`) starts a 3-master Cluster on loopback and runs first executions (Acquire, then Complete with a 1 KiB body) from 32 goroutines, in phases that alternate between the store's complete, which publishes only when a waiter has marked the record, and a copy of it that publishes every time. A Cluster sends every PUBLISH to every node, so the second costs all three nodes CPU time for each completion. CPU is the sum over the nodes of redis-server's user and system time per first execution.")
+				d.p("")
+				d.table([]string{"complete", "cluster CPU µs per first execution", "wall µs per first execution"}, [][]string{
+					{"publishes when watched (the store)", cell(w, ok1), cell(ww, ok4)},
+					{"publishes every time", cell(a, ok2), cell(wa, ok5)},
+					{"ratio", cell(r, ok3), ""},
+				})
+			}
+		}
 		if scripts != nil {
 			d.p("### Server time per script")
 			d.p("")

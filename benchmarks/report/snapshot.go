@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -101,6 +103,9 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 	}
 	for _, st := range steps(c) {
 		f, err := os.Open(filepath.Join(resDir, st.name+".txt"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a step added after these results were measured
+		}
 		if err != nil {
 			return nil, err
 		}

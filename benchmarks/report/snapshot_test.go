@@ -50,4 +50,23 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if _, err := loadMeasured(c, t.TempDir()); err == nil {
 		t.Fatal("loadMeasured without a snapshot succeeded")
 	}
+	// Results saved before a step existed still render, without it.
+	if err := os.Remove(filepath.Join(dir, "redis-cluster.txt")); err != nil {
+		t.Fatal(err)
+	}
+	older, err := loadMeasured(c, dir)
+	if err != nil {
+		t.Fatalf("results without a later step: %v", err)
+	}
+	if _, ok := older.res["redis-cluster"]; ok || older.res["redis-phased"] == nil {
+		t.Fatalf("steps read back: %v", keys(older.res))
+	}
+}
+
+func keys(m map[string]*results) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }
