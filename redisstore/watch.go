@@ -18,8 +18,8 @@ import (
 // completion after Watch returns is not missed while the connection holds.
 // A record that nobody watches is completed without a PUBLISH, which a
 // Cluster would send to every node. When there is no record at key, Watch
-// marks nothing and returns a channel that only a broken connection or Close
-// closes: the waiter's re-check finds the key free. A value under key that
+// marks nothing, and the edges of a record created later need not close the
+// channel: the waiter's re-check finds the key free. A value under key that
 // is not a hash is reported as an error wrapping
 // idempotency.ErrCorruptRecord.
 //
