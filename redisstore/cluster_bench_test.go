@@ -1,11 +1,13 @@
 package redisstore_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,22 +48,21 @@ func BenchmarkClusterPublish(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// cpu is the CPU time all masters have used (serverCPU, summed).
 	cpu := func() time.Duration {
-		var total float64
-		for _, addr := range cl.Addrs() {
-			info, err := redistest.Do(addr, "INFO", "cpu")
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
-				v, err := strconv.ParseFloat(redistest.InfoField(info, name), 64)
-				if err != nil {
-					b.Fatalf("INFO cpu %s on %s: %v", name, addr, err)
-				}
-				total += v
-			}
+		var mu sync.Mutex
+		var total time.Duration
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			used := serverCPU(b, c)
+			mu.Lock()
+			total += used
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
 		}
-		return time.Duration(total * float64(time.Second))
+		return total
 	}
 	complete := [2]func(key, token string) error{
 		func(key, token string) error { return s.Complete(ctx, key, token, resp, 5*time.Minute) },
@@ -77,41 +78,28 @@ func BenchmarkClusterPublish(b *testing.B) {
 	const goroutines, perPhase = 32, 25
 	prefix := redistest.Prefix()
 	var cpuUsed, wall [2]time.Duration
-	var failed error
-	var mu sync.Mutex
+	var failed atomic.Value
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for j := range 2 {
 			k := (i + j) % 2
-			c0, start := cpu(), time.Now()
-			var wg sync.WaitGroup
-			for g := range goroutines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for r := range perPhase {
-						key := prefix + strconv.Itoa(((i*2+k)*goroutines+g)*perPhase+r)
-						_, err := s.Acquire(ctx, storeReq(key, "t1"))
-						if err == nil {
-							err = complete[k](key, "t1")
-						}
-						if err != nil {
-							mu.Lock()
-							failed = err
-							mu.Unlock()
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			wall[k] += time.Since(start)
+			c0 := cpu()
+			wall[k] += runPhase(goroutines, perPhase, func(g, r int) {
+				key := prefix + strconv.Itoa(((i*2+k)*goroutines+g)*perPhase+r)
+				_, err := s.Acquire(ctx, storeReq(key, "t1"))
+				if err == nil {
+					err = complete[k](key, "t1")
+				}
+				if err != nil {
+					failed.CompareAndSwap(nil, err.Error())
+				}
+			})
 			cpuUsed[k] += cpu() - c0
 		}
 	}
 	b.StopTimer()
-	if failed != nil {
-		b.Fatal(failed)
+	if msg := failed.Load(); msg != nil {
+		b.Fatal(msg)
 	}
 	fes := float64(b.N * goroutines * perPhase)
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / fes }

@@ -114,12 +114,12 @@ var redisBenchCases = []redisBenchCase{
 		if err := env.store.Complete(ctx, key, "t0", storeResponse(env.payload), 5*time.Minute); err != nil {
 			b.Fatal(err)
 		}
-		return storeAlone(env, func(int) string { return key }), func(int) ([]string, string) { return nil, "dup" }
+		return storeAlone(env, func() string { return key }), func(int) ([]string, string) { return nil, "dup" }
 	}},
 	{"Store2", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		prefix := redistest.Prefix()
 		var seq atomic.Int64
-		return storeAlone(env, func(int) string { return prefix + strconv.FormatInt(seq.Add(1), 10) }), noKey
+		return storeAlone(env, func() string { return prefix + strconv.FormatInt(seq.Add(1), 10) }), noKey
 	}},
 	{"FirstExecution", http.StatusCreated, func(b *testing.B, env *redisBenchEnv, n int) (http.Handler, func(int) ([]string, string)) {
 		keys := make([][]string, n)
@@ -328,11 +328,11 @@ func storeResponse(payload []byte) *idempotency.Response {
 
 // storeAlone is the handler of the Store1 and Store2 cases: Acquire; then
 // either the stored response written back, or the handler and Complete.
-func storeAlone(env *redisBenchEnv, key func(int) string) http.Handler {
+func storeAlone(env *redisBenchEnv, key func() string) http.Handler {
 	next := load.Handler(env.payload)
 	var tokens atomic.Int64
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		k, token := key(0), strconv.FormatInt(tokens.Add(1), 16)
+		k, token := key(), strconv.FormatInt(tokens.Add(1), 16)
 		acq, err := env.store.Acquire(r.Context(), storeReq(k, token))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -462,21 +462,11 @@ func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				for j := range setSize {
 					k := (i + j) % setSize
-					var wg sync.WaitGroup
-					start := time.Now()
-					for g := range clients {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							for r := range perPhase {
-								if _, got := sends[g][k]((i*clients+g)*perPhase + r); got != want[k] {
-									failed.CompareAndSwap(nil, fmt.Sprintf("%s: status %d, want %d", set[k], got, want[k]))
-								}
-							}
-						}()
-					}
-					wg.Wait()
-					total[k] += time.Since(start)
+					total[k] += runPhase(clients, perPhase, func(g, r int) {
+						if _, got := sends[g][k]((i*clients+g)*perPhase + r); got != want[k] {
+							failed.CompareAndSwap(nil, fmt.Sprintf("%s: status %d, want %d", set[k], got, want[k]))
+						}
+					})
 				}
 			}
 			b.StopTimer()
@@ -486,6 +476,24 @@ func BenchmarkMiddlewareRedisPhased(b *testing.B) {
 			reportSet(b, total, b.N*clients*perPhase)
 		})
 	}
+}
+
+// runPhase runs f(g, r) for r < perGoroutine in each of goroutines
+// goroutines g, and returns how long the phase took.
+func runPhase(goroutines, perGoroutine int, f func(g, r int)) time.Duration {
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range perGoroutine {
+				f(g, r)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
 }
 
 // requester returns a function that sends request i to h and returns how

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,12 +40,7 @@ func TestWatchWakesOnCompleteAndRelease(t *testing.T) {
 			t.Fatalf("%s: notified before anything changed", edge)
 		default:
 		}
-		if edge == "complete" {
-			err = s.Complete(ctx, key, "t1", sampleResponse(), time.Hour)
-		} else {
-			err = s.Release(ctx, key, "t1")
-		}
-		if err != nil {
+		if err := runEdge(s, edge, key, "t1"); err != nil {
 			t.Fatal(err)
 		}
 		// No sleep between Watch and the edge: Watch returned after the
@@ -254,6 +250,15 @@ func TestWatchContextCancelled(t *testing.T) {
 	waitClosed(t, ch, "after a cancelled Watch")
 }
 
+// runEdge completes (edge "complete") or releases the record at key held
+// by token.
+func runEdge(s *redisstore.Store, edge, key, token string) error {
+	if edge == "complete" {
+		return s.Complete(ctx, key, token, sampleResponse(), time.Hour)
+	}
+	return s.Release(ctx, key, token)
+}
+
 func waitUntil(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -314,13 +319,7 @@ func TestPublishOnlyWhenWatched(t *testing.T) {
 						t.Fatalf("watched field after Watch = %q, want 1", v)
 					}
 				}
-				var err error
-				if edge == "complete" {
-					err = s.Complete(ctx, key, "t1", sampleResponse(), time.Hour)
-				} else {
-					err = s.Release(ctx, key, "t1")
-				}
-				if err != nil {
+				if err := runEdge(s, edge, key, "t1"); err != nil {
 					t.Fatal(err)
 				}
 				got := published(t, ps)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,14 +61,6 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("results without a later step: %v", err)
 	}
 	if _, ok := older.res["redis-cluster"]; ok || older.res["redis-phased"] == nil {
-		t.Fatalf("steps read back: %v", keys(older.res))
+		t.Fatalf("steps read back: %v", slices.Collect(maps.Keys(older.res)))
 	}
-}
-
-func keys(m map[string]*results) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
