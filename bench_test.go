@@ -42,7 +42,7 @@ func payloadHandler(payload []byte) http.Handler {
 var benchSizes = []int{0, 1 << 10, 64 << 10}
 
 func benchStore(b *testing.B) *memstore.Store {
-	s := memstore.New(memstore.WithMaxEntries(1 << 26))
+	s := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 	b.Cleanup(func() { s.Close() })
 	return s
 }

@@ -311,12 +311,13 @@ func TestHeartbeatsManyHandlers(t *testing.T) {
 	}
 }
 
-// TestLeaseLost: when the heartbeat cannot extend the lease for a whole lease
-// period, the handler's context is cancelled with a cause wrapping
-// ErrLeaseLost; a duplicate steals the record, and the stale owner's
-// completion is refused, leaving the new owner's response stored.
+// TestLeaseLost: when the heartbeat cannot extend the lease, the handler's
+// context is cancelled with a cause wrapping ErrLeaseLost before the lease
+// runs out in the store (a duplicate right then still gets 409); once it has,
+// a duplicate steals the record, and the stale owner's completion is
+// refused, leaving the new owner's response stored.
 func TestLeaseLost(t *testing.T) {
-	const lease = 60 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	store := &failingStore{Store: newMemStore(t)}
 	unreachable := errors.New("extend: connection reset")
 	store.extendErr.Store(&unreachable)
@@ -353,8 +354,16 @@ func TestLeaseLost(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handler's context was not cancelled")
 	}
-	// The lease has expired: a duplicate steals it and runs.
+	// Cancelled before the store's lease ran out: nobody can steal yet.
+	if res := do(h, http.MethodPost, "k", ""); res.StatusCode != http.StatusConflict {
+		t.Fatalf("duplicate right after the cancellation: %d, want 409", res.StatusCode)
+	}
+	// Once the lease has run out, a duplicate steals it and runs.
 	res := do(h, http.MethodPost, "k", "")
+	for deadline := time.Now().Add(5 * time.Second); res.StatusCode == http.StatusConflict && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // only real time ends the lease
+		res = do(h, http.MethodPost, "k", "")
+	}
 	if body := readAll(t, res); res.StatusCode != 201 || body != "new owner" {
 		t.Fatalf("stealer got %d %q", res.StatusCode, body)
 	}

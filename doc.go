@@ -7,6 +7,13 @@
 // 409 Conflict, or waits for it when wait mode is on. A 5xx response or a
 // panic releases the key, so the client's retry runs the handler again.
 //
+// The response reaches the client whole, and flushed, before the record is
+// written. The middleware never believes in more lease than the store
+// granted: it counts a lease from before the call that took or extended it
+// was sent, starts the handler only with half the lease left, bounds every
+// extend by the lease's end and cancels the handler's context (with a cause
+// wrapping ErrLeaseLost) before another request could take the record over.
+//
 // Records live in a Store: package memstore is the in-process store and
 // package redisstore keeps them in Redis (single node, Sentinel or Cluster).
 //

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -35,7 +33,6 @@ type handler struct {
 	store Store
 	cfg   config
 	next  http.Handler
-	beats heartbeats // of the handlers running under a lease
 }
 
 // conflictRetryAfter is the Retry-After of a 409. The original usually ends
@@ -43,40 +40,25 @@ type handler struct {
 // clients are told to come back soon rather than when the lease runs out.
 const conflictRetryAfter = time.Second
 
-// completeAttempts bounds the retries of a Complete whose outcome is unknown
-// (a store error); each retry presents the same lease.
+// completeAttempts bounds the attempts of a Complete whose outcome is
+// unknown (a store error); each presents the same lease, and all of them end
+// at the lease's store deadline (see lease.storeDeadline).
 const completeAttempts = 3
 
 func (h *handler) covers(method string) bool {
 	return slices.Contains(h.cfg.methods, method)
 }
 
-// request is the state of one covered request with a key. The parts a
-// request needs are fields, so that it is one allocation.
+// request is the state of one covered request with a key.
 type request struct {
 	h     *handler
 	w     http.ResponseWriter
 	r     *http.Request
 	start time.Time
 	acq   AcquireRequest
-
-	body     bodyReader      // replaces r.Body
-	hb       heartbeat       // while the handler runs
-	ctx      handlerContext  // the handler's
-	detached detachedContext // for store calls after the handler
+	sent  time.Time // when the last Acquire was sent: the lease counts from it
+	rec   recorder
 }
-
-// detachedContext carries the request's values without its cancellation:
-// store calls after the handler must not fail because the client went away,
-// since the handler's effect happened and its record must be written. It is
-// context.WithoutCancel, as a field.
-type detachedContext struct{ parent context.Context }
-
-func (detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detachedContext) Done() <-chan struct{}       { return nil }
-func (detachedContext) Err() error                  { return nil }
-func (d *detachedContext) Value(key any) any        { return d.parent.Value(key) }
-func (d *detachedContext) String() string           { return "idempotency.detachedContext" }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
 	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.acq.Key, Status: status, Err: err}
@@ -100,9 +82,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	start := time.Now()
+	rq := &request{h: h, w: w, r: r, start: time.Now()}
 	key, ok, err := requestKey(r.Header[HeaderKey])
-	rq := &request{h: h, w: w, r: r, start: start, detached: detachedContext{r.Context()}}
 	if !ok {
 		if h.cfg.keyRequired {
 			rq.emit(EventRejected, http.StatusBadRequest, nil)
@@ -118,19 +99,29 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, status, code, detail := readBody(r, h.cfg.maxRequestBody, &rq.body)
-	defer rq.body.free(r)
-	if status != 0 {
-		rq.emit(EventRejected, status, nil)
-		rq.problem(status, code, detail, 0)
+	body, err := readBody(r, h.cfg.maxRequestBody)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		rq.emit(EventRejected, http.StatusRequestEntityTooLarge, nil)
+		rq.problem(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			fmt.Sprintf("the request body is larger than %d bytes", h.cfg.maxRequestBody), 0)
 		return
+	case err != nil:
+		rq.emit(EventRejected, http.StatusBadRequest, nil)
+		rq.problem(http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read", 0)
+		return
+	}
+	var content []byte
+	if body != nil {
+		defer body.free()
+		content = *body.buf
 	}
 
 	scope := ""
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
-	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, body)
+	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, content)
 	rq.acq = AcquireRequest{
 		Key:         storageKey,
 		Token:       token,
@@ -138,7 +129,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Lease:       h.cfg.lease,
 		TTL:         h.cfg.ttl,
 	}
-	acq, err := h.store.Acquire(r.Context(), rq.acq)
+	acq, err := rq.acquire(r.Context())
 	if err == nil && acq.Outcome == InFlight && h.cfg.wait > 0 {
 		acq, err = rq.wait(acq)
 	}
@@ -151,6 +142,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rq.serve(acq)
+}
+
+// acquire asks the store for the record, noting when the call was sent.
+func (rq *request) acquire(ctx context.Context) (Acquisition, error) {
+	rq.sent = time.Now()
+	return rq.h.store.Acquire(ctx, rq.acq)
 }
 
 // serve acts on what Acquire found.
@@ -178,8 +175,17 @@ func (rq *request) serve(acq Acquisition) {
 	}
 }
 
+// slowAcquireError reports an acquire that took so much of the lease that
+// too little was left to run the handler (see minLeaseToStart).
+type slowAcquireError struct{ took, lease time.Duration }
+
+func (e *slowAcquireError) Error() string {
+	return fmt.Sprintf("idempotency: the acquire took %v of a %v lease; the lease was released unused", e.took, e.lease)
+}
+
 // acquireFailed answers a request whose record could not be looked up.
 func (rq *request) acquireFailed(err error) {
+	var slow *slowAcquireError
 	switch {
 	case errors.Is(err, ErrStoreFull):
 		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
@@ -193,6 +199,10 @@ func (rq *request) acquireFailed(err error) {
 		e.FailedOpen = true
 		rq.h.cfg.emit(e, rq.start)
 		rq.h.next.ServeHTTP(rq.w, rq.r)
+	case errors.As(err, &slow):
+		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
+		rq.problem(http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"the idempotency store answered too slowly; retry later", time.Second)
 	default:
 		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
 		rq.problem(http.StatusServiceUnavailable, CodeStoreUnavailable,
@@ -200,71 +210,45 @@ func (rq *request) acquireFailed(err error) {
 	}
 }
 
-// wait is wait mode: it waits for the record held by another request to be
-// completed or released, re-checking on every notification and, as a
-// fallback, when the holder's lease runs out. It returns the last
-// acquisition, which is still InFlight when the wait bound passed.
-func (rq *request) wait(acq Acquisition) (Acquisition, error) {
-	ctx := rq.r.Context()
-	deadline := time.NewTimer(rq.h.cfg.wait)
-	defer deadline.Stop()
-	recheck := time.NewTimer(acq.LeaseRemaining)
-	defer recheck.Stop()
-	for {
-		changed, stop, err := rq.h.store.Watch(ctx, rq.acq.Key)
-		if err != nil {
-			// Without notifications, fall back to re-checking when the
-			// holder's lease runs out.
-			changed, stop = nil, func() {}
-		}
-		acq, err = rq.h.store.Acquire(ctx, rq.acq)
-		if err != nil || acq.Outcome != InFlight {
-			stop()
-			return acq, err
-		}
-		recheck.Reset(acq.LeaseRemaining)
-		select {
-		case <-changed:
-		case <-recheck.C:
-		case <-deadline.C:
-			stop()
-			return acq, nil
-		case <-ctx.Done():
-			stop()
-			return acq, context.Cause(ctx)
-		}
-		stop()
-	}
-}
-
 // execute runs the handler under the lease just taken and stores or releases
 // its outcome.
 func (rq *request) execute(acq Acquisition) {
+	cfg := &rq.h.cfg
+	storeCtx := context.WithoutCancel(rq.r.Context()) // the effect happened whether or not the client stays
+	if took := time.Since(rq.sent); cfg.lease-took < minLeaseToStart(cfg.lease) {
+		ctx, cancel := context.WithTimeout(storeCtx, cfg.lease/3)
+		err := rq.release(ctx)
+		cancel()
+		if err != nil {
+			rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
+		}
+		rq.acquireFailed(&slowAcquireError{took: took, lease: cfg.lease})
+		return
+	}
 	if acq.Outcome == Stolen {
 		e := rq.event(EventStolen, 0, nil)
 		e.Epoch = acq.Epoch
-		rq.h.cfg.emit(e, rq.start)
+		cfg.emit(e, rq.start)
 	}
-	ctx := &rq.ctx
-	ctx.parent = rq.r.Context()
-	defer ctx.end()
-	hb := &rq.hb
-	*hb = heartbeat{rq: rq, lastOK: time.Now()}
-	hb.start()
 
-	rec := newRecorder(rq.w, rq.h.cfg.maxResponseBody, rq.h.cfg.storeSetCookie)
-	defer rec.free()
-	storeCtx := &rq.detached
+	ctx, cancel := context.WithCancelCause(rq.r.Context())
+	defer cancel(nil)
+	l := &lease{store: rq.h.store, ctx: storeCtx, key: rq.acq.Key, token: rq.acq.Token, length: cfg.lease, lose: cancel}
+	l.start(rq.sent)
+	rec := &rq.rec
+	*rec = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie, head: rq.r.Method == http.MethodHead}
 
 	panicked := true
 	defer func() {
 		if !panicked {
 			return
 		}
-		hb.stop()
 		v := recover()
-		if err := rq.h.store.Release(storeCtx, rq.acq.Key, rq.acq.Token); err != nil {
-			rq.storeFailed(err, "release", hb)
+		lost := rq.stopLease(l)
+		sctx, cancel := context.WithDeadline(storeCtx, l.storeDeadline())
+		defer cancel()
+		if err := rq.release(sctx); err != nil {
+			rq.storeFailed(err, "release", lost)
 		}
 		if v == nil { // runtime.Goexit: let it go on
 			rq.emit(EventReleased, 0, errors.New("idempotency: handler exited"))
@@ -275,134 +259,75 @@ func (rq *request) execute(acq Acquisition) {
 	}()
 	rq.h.next.ServeHTTP(rec, rq.r.WithContext(ctx))
 	panicked = false
-	hb.stop()
-	rec.finish()
+	lost := rq.stopLease(l)
+	rec.finish() // the client has the response before the store is written
 
+	sctx, cancelStore := context.WithDeadline(storeCtx, l.storeDeadline())
+	defer cancelStore()
 	// 1xx finals (101 Switching Protocols) and hijacked connections cannot
 	// be replayed.
-	if rec.hijacked || rec.status < 200 || rq.h.cfg.releaseStatus(rec.status) {
-		if err := rq.h.store.Release(storeCtx, rq.acq.Key, rq.acq.Token); err != nil {
-			rq.storeFailed(err, "release", hb)
+	if rec.hijacked || rec.status < 200 || cfg.releaseStatus(rec.status) {
+		if err := rq.release(sctx); err != nil {
+			rq.storeFailed(err, "release", lost)
 		}
 		rq.emit(EventReleased, rec.status, nil)
 		return
 	}
-	resp := rec.response()
-	var err error
-	for i := 0; i < completeAttempts; i++ {
-		err = rq.h.store.Complete(storeCtx, rq.acq.Key, rq.acq.Token, resp, rq.h.cfg.ttl)
-		if err == nil || errors.Is(err, ErrLeaseLost) {
-			break
-		}
-		time.Sleep(time.Duration(i+1) * 20 * time.Millisecond)
-	}
-	if err != nil {
-		rq.storeFailed(err, "complete", hb)
+	if err := rq.complete(sctx, rec.response()); err != nil {
+		rq.storeFailed(err, "complete", lost)
 		return
 	}
 	e := rq.event(EventExecuted, rec.status, nil)
 	e.Epoch = acq.Epoch
-	rq.h.cfg.emit(e, rq.start)
+	cfg.emit(e, rq.start)
+}
+
+// complete stores resp, retrying a Complete whose outcome is unknown (a
+// store error) with the same lease until ctx ends.
+func (rq *request) complete(ctx context.Context, resp *Response) error {
+	var err error
+	for i := range completeAttempts {
+		if i > 0 {
+			select {
+			case <-time.After(time.Duration(i) * 20 * time.Millisecond):
+			case <-ctx.Done():
+				return err
+			}
+		}
+		err = rq.h.store.Complete(ctx, rq.acq.Key, rq.acq.Token, resp, rq.h.cfg.ttl)
+		if err == nil || errors.Is(err, ErrLeaseLost) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// release releases the key.
+func (rq *request) release(ctx context.Context) error {
+	return rq.h.store.Release(ctx, rq.acq.Key, rq.acq.Token)
+}
+
+// stopLease stops the heartbeat and reports what happened to the lease while
+// the handler ran; it returns the loss, if the lease was lost.
+func (rq *request) stopLease(l *lease) error {
+	lost, extendErr := l.stop()
+	switch {
+	case lost != nil:
+		rq.emit(EventLeaseLost, 0, lost)
+	case extendErr != nil:
+		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", extendErr))
+	}
+	return lost
 }
 
 // storeFailed reports a failed Complete or Release; a lease loss the
 // heartbeat reported already is not reported again.
-func (rq *request) storeFailed(err error, op string, hb *heartbeat) {
+func (rq *request) storeFailed(err error, op string, lost error) {
 	if errors.Is(err, ErrLeaseLost) {
-		if hb.lost == nil {
+		if lost == nil {
 			rq.emit(EventLeaseLost, 0, err)
 		}
 		return
 	}
 	rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: %s: %w", op, err))
-}
-
-// bodyReader replaces the request body the middleware read, so that the
-// handler reads it again. Its buffer comes from a pool and goes back when the
-// middleware returns; r.Body is then http.NoBody, so nothing can read a
-// buffer that another request reuses.
-type bodyReader struct {
-	b    []byte
-	off  int
-	pool *[]byte
-}
-
-func (br *bodyReader) Read(p []byte) (int, error) {
-	if br.off >= len(br.b) {
-		return 0, io.EOF
-	}
-	n := copy(p, br.b[br.off:])
-	br.off += n
-	return n, nil
-}
-
-func (br *bodyReader) Close() error { return nil }
-
-// free returns the buffer to the pool.
-func (br *bodyReader) free(r *http.Request) {
-	if br.pool == nil {
-		return
-	}
-	if r.Body == br {
-		r.Body = http.NoBody
-	}
-	bodyPool.Put(br.pool)
-	*br = bodyReader{}
-}
-
-// maxPooledBody keeps unusually large buffers out of the pool; a 64 KiB
-// body (plus the byte that sees EOF) still fits.
-const maxPooledBody = 64<<10 + 1
-
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
-
-// readBody reads the request body (at most limit bytes) into dst and
-// replaces r.Body with dst. A non-zero status means the request is refused
-// with that status.
-func readBody(r *http.Request, limit int64, dst *bodyReader) (body []byte, status int, code Code, detail string) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, 0, "", ""
-	}
-	tooLarge := func() ([]byte, int, Code, string) {
-		return nil, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
-			fmt.Sprintf("the request body is larger than %d bytes", limit)
-	}
-	if r.ContentLength > limit {
-		return tooLarge()
-	}
-	dst.pool = bodyPool.Get().(*[]byte)
-	b := (*dst.pool)[:0]
-	// One byte over the known length lets the read see EOF without growing.
-	if r.ContentLength >= 0 && int64(cap(b)) <= r.ContentLength {
-		b = make([]byte, 0, r.ContentLength+1)
-	}
-	// A buffer that grew past the pool's bound is left to the collector;
-	// the pooled one goes back as it was.
-	defer func() {
-		if cap(b) <= maxPooledBody {
-			*dst.pool = b[:0]
-		}
-	}()
-	for {
-		if len(b) == cap(b) {
-			if int64(len(b)) > limit {
-				return tooLarge()
-			}
-			b = slices.Grow(b, int(min(int64(cap(b)), limit+1-int64(len(b)))))
-		}
-		n, err := r.Body.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return tooLarge()
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read"
-		}
-	}
-	dst.b = b
-	r.Body = dst
-	return b, 0, "", ""
 }

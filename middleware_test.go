@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/reliability"
 	"github.com/go-idempotency/idempotency/memstore"
 )
 
@@ -590,4 +591,34 @@ func TestPerRouteOptions(t *testing.T) {
 	if res := do(longRoute, http.MethodPost, "", "a"); res.StatusCode != 400 {
 		t.Fatalf("long route without key: %d, want 400", res.StatusCode)
 	}
+}
+
+// TestNonCanonicalSetCookie: a cookie set under a name that is not in
+// canonical form ("set-cookie") is still a cookie: it reaches the first
+// client but is neither stored nor replayed to whoever presents the key.
+func TestNonCanonicalSetCookie(t *testing.T) {
+	h := idempotency.New(newMemStore(t))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["set-cookie"] = []string{"session=victim"}
+		w.Header()["keep-alive"] = []string{"timeout=1"}
+		w.Header()["x-order"] = []string{"42"}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	first, _ := post(t, srv.Client(), srv.URL, "k", "")
+	if first.Header.Get("Set-Cookie") != "session=victim" {
+		t.Fatalf("first client's cookie missing: %v", first.Header)
+	}
+	replay, _ := post(t, srv.Client(), srv.URL, "k", "")
+	if replay.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("no replay")
+	}
+	if c := replay.Header.Values("Set-Cookie"); len(c) != 0 {
+		t.Fatalf("replay carries the first client's cookie: %q", c)
+	}
+	if replay.Header.Get("Keep-Alive") == "timeout=1" || replay.Header.Get("X-Order") != "42" {
+		t.Fatalf("replay headers %v", replay.Header)
+	}
+	reliability.Report(t, reliability.Result{Scenario: "security: Set-Cookie replayed only by opt-in", Store: "memstore",
+		Operations: 2, Faults: 1, Note: "non-canonical names (set-cookie, keep-alive) filtered too"})
 }

@@ -56,6 +56,16 @@ func WithTTL(d time.Duration) Option {
 // heartbeat extends it every lease/3 for handlers that run that long; a
 // duplicate arriving after the lease expired (the owner died) steals the
 // record and runs the handler.
+//
+// The middleware counts the lease from before the call that took or
+// extended it was sent and ends it lease/10 early. A handler starts only
+// with at least half of it left (a slower acquire is released and answered
+// 503); each extend gets the lease's end as its deadline; when none has
+// succeeded by then the handler's context is cancelled with a cause
+// wrapping ErrLeaseLost. Complete and release after the handler end at the
+// lease's end too, and at least lease/3 after the handler returned.
+// Choose a lease well above the store's round trip and the longest pause
+// you expect.
 // Default: 10s.
 func WithLease(d time.Duration) Option {
 	if d < 3*time.Millisecond {
@@ -130,6 +140,9 @@ func WithMaxRequestBody(n int64) Option {
 // response still reaches the first client in full; the record is stored
 // without its body and duplicates get the status and headers, an empty body
 // and the header Idempotent-Body-Omitted: true. The handler never runs twice.
+// The same happens to a body that is not known to be whole because the
+// first client hung up (or the server's WriteTimeout passed) while the
+// handler wrote it, unless the handler wrote all of its Content-Length.
 // Default: 1 MiB.
 func WithMaxResponseBody(n int) Option {
 	if n < 0 {

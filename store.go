@@ -30,6 +30,12 @@ import (
 // outcome is unknown (a timeout) is retried with the same token and gives the
 // same answer as the first call would have.
 //
+// The middleware bounds the calls it makes after the handler ran (Complete,
+// Release) and the heartbeat's Extend with a context deadline. A store must
+// return by that deadline (the call may still take effect, as a timed-out
+// call may): the deadline is what bounds how long a client waits for the
+// record to be stored.
+//
 // Implementations must be safe for concurrent use. Package storetest holds the
 // conformance suite every Store is expected to pass.
 type Store interface {
@@ -37,9 +43,13 @@ type Store interface {
 	// handler, takes a lease on it with req.Token. It reports one of the
 	// Outcome values in Acquisition.Outcome. A record whose fingerprint
 	// differs from req.Fingerprint is reported as Mismatch and left untouched,
-	// whatever its state. Acquire with the token that already holds the
-	// record reports Acquired (or Stolen) again, with the same epoch, so a
-	// retried Acquire is safe; it never shortens the lease.
+	// whatever its state. Acquire with the token that already holds an
+	// IN_PROGRESS record reports Acquired (or Stolen) again, with the same
+	// epoch, and renews the lease to run at least req.Lease from now on the
+	// store's clock, whether or not it had run out, as long as no other token
+	// took the record over: a retried Acquire (a client library resending a
+	// call whose reply was late) never hands out a lease that has already
+	// run out, and never shortens one.
 	//
 	// Acquire returns ErrStoreFull when the record cannot be created for lack
 	// of room (memstore's bound; Redis at maxmemory under noeviction), and an
@@ -152,8 +162,11 @@ type Response struct {
 	Header http.Header
 	// Body is the response body; empty when BodyOmitted.
 	Body []byte
-	// BodyOmitted reports that the body exceeded the store cap and was not
-	// stored: a replay sends the status and headers with an empty body.
+	// BodyOmitted reports that the body was not stored: it was over the
+	// store cap, or not known in full (the first client hung up, or the
+	// server's WriteTimeout passed, while the handler wrote it), or over a
+	// store's own bound. A replay sends the status and headers with an
+	// empty body and Idempotent-Body-Omitted: true.
 	BodyOmitted bool
 }
 

@@ -173,16 +173,21 @@ func BenchmarkAcquireReplay(b *testing.B) {
 // as the middleware would store it, and the part of it beyond the body
 // (key, token, fingerprint, record, status and headers): that part stays
 // the same whatever the body, so a record costs its body plus a constant.
+// It also reports what the store counts per record against its byte bound
+// (counted-bytes/record, see WithMaxBytes), to compare with the heap.
+// Published duplicates each record twice, so that every record has its
+// entry in the index of published records.
 func BenchmarkRecordMemory(b *testing.B) {
 	for _, size := range []int{0, 1 << 10, 16 << 10} {
-		b.Run(fmt.Sprintf("body=%d", size), func(b *testing.B) { recordMemory(b, size) })
+		b.Run(fmt.Sprintf("body=%d", size), func(b *testing.B) { recordMemory(b, size, false) })
 	}
+	b.Run("body=1024/published", func(b *testing.B) { recordMemory(b, 1<<10, true) })
 }
 
-func recordMemory(b *testing.B, bodySize int) {
+func recordMemory(b *testing.B, bodySize int, publish bool) {
 	const records = 20_000
 	ctx := context.Background()
-	var perRecord, payload float64
+	var perRecord, payload, counted float64
 	for b.Loop() {
 		runtime.GC()
 		var before, after, afterPayload runtime.MemStats
@@ -205,7 +210,7 @@ func recordMemory(b *testing.B, bodySize int) {
 				Body: bodies[i],
 			}
 		}
-		s := memstore.New(memstore.WithMaxEntries(records))
+		s := memstore.New(memstore.WithMaxEntries(records), memstore.WithMaxBytes(1<<40))
 		for i := range records {
 			key := fmt.Sprintf("%064x", i)
 			token := fmt.Sprintf("%032x", i)
@@ -215,6 +220,12 @@ func recordMemory(b *testing.B, bodySize int) {
 			}
 			if err := s.Complete(ctx, key, token, resps[i], time.Hour); err != nil {
 				b.Fatal(err)
+			}
+			for j := 0; publish && j < 2; j++ {
+				req.Token = "dup"
+				if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != idempotency.Completed {
+					b.Fatalf("duplicate: %+v, %v", a, err)
+				}
 			}
 		}
 		clear(resps)
@@ -226,6 +237,7 @@ func recordMemory(b *testing.B, bodySize int) {
 		heap := func(m *runtime.MemStats) float64 { return float64(int64(m.HeapAlloc)) }
 		perRecord = (heap(&after) - heap(&before)) / records
 		payload = (heap(&afterPayload) - heap(&before)) / records
+		counted = float64(s.Bytes()) / records
 		if s.Len() != records {
 			b.Fatalf("Len = %d, want %d", s.Len(), records)
 		}
@@ -234,5 +246,6 @@ func recordMemory(b *testing.B, bodySize int) {
 	}
 	b.ReportMetric(perRecord, "bytes/record")
 	b.ReportMetric(perRecord-payload, "overhead-bytes/record")
+	b.ReportMetric(counted, "counted-bytes/record")
 	b.ReportMetric(0, "ns/op")
 }

@@ -5,6 +5,9 @@ import "hash/maphash"
 // Sweep runs one purge pass now, as the background sweep does.
 func (s *Store) Sweep() { s.purgeAll() }
 
+// Bytes returns the byte total that WithMaxBytes bounds.
+func (s *Store) Bytes() int64 { return s.bytes.Load() }
+
 // WatchedKeys returns the number of keys with registered waiters.
 func (s *Store) WatchedKeys() int {
 	n := 0

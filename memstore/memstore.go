@@ -9,10 +9,19 @@
 // lock.) Duplicates of a COMPLETE record take no lock at all from the third
 // one on: the second publishes the record to an index that later duplicates
 // only read, so replays, even of one hot key, scale with the cores. See
-// BenchmarkAcquireComplete and BenchmarkAcquireReplay. The store is
-// bounded (WithMaxEntries) and never evicts a live record to make room: when
-// it is full of live records, Acquire of a new key returns
-// idempotency.ErrStoreFull.
+// BenchmarkAcquireComplete and BenchmarkAcquireReplay.
+//
+// The store is bounded in records (WithMaxEntries, default 1,000,000) and
+// in the bytes they hold (WithMaxBytes, default 256 MiB), and never evicts
+// a live record to make room: when it is full of live records, Acquire of a
+// new key returns idempotency.ErrStoreFull. Complete never fails for lack
+// of room: at the byte bound, a record keeps its status and headers and
+// omits its body, so duplicates are answered without a body, never by a
+// second execution. The bounds are global: one principal (one client or
+// tenant) can fill the store for everyone, with a few hundred records of
+// large bodies as easily as with a million small ones. Size the bounds for
+// the traffic, scope keys to the principal (idempotency.WithKeyScope), and
+// rate-limit clients upstream of the middleware.
 //
 // A COMPLETE record expires when its TTL has passed, an IN_PROGRESS record
 // when both its TTL and its lease have. An expired record is absent to every
@@ -25,10 +34,10 @@
 // a copy, and its status and headers encoded in one block of bytes, which
 // the garbage collector does not scan, however many records are kept.
 // With a key, token and fingerprint of typical sizes and two headers, a
-// record costs about 340 bytes beyond its body; see BenchmarkRecordMemory.
-// A record that has been duplicated twice costs about 550 bytes more: its
+// record costs about 370 bytes beyond its body; see BenchmarkRecordMemory.
+// A record that has been duplicated twice costs about 560 bytes more: its
 // entry in the index of published records holds a decoded Response, which
-// every later replay shares.
+// every later replay shares. WithMaxBytes counts both.
 //
 // Records are lost when the process exits, and are not shared between
 // processes: use it for a single instance, for tests and for development.
@@ -61,16 +70,19 @@ type Store struct {
 	clock      func() time.Time // nil: the monotonic clock, read through time.Since
 	epoch      time.Time        // the clock's reading at New; instants count from it
 	maxEntries int64
+	maxBytes   int64
 	closed     atomic.Bool
 	quit       chan struct{}
 	swept      chan struct{}
 
-	// count is written by every new record, release and purge: it has
-	// cache lines of its own, so writing it from one core does not evict
-	// the fields above, which every call reads, from the others.
+	// count and bytes are written by every new record, release and purge,
+	// and bytes by every Complete: they have cache lines of their own, so
+	// writing them from one core does not evict the fields above, which
+	// every call reads, from the others.
 	_     [128]byte
-	count atomic.Int64
-	_     [120]byte
+	count atomic.Int64 // records held
+	bytes atomic.Int64 // the records' held bytes (see WithMaxBytes)
+	_     [112]byte
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -86,6 +98,7 @@ func New(opts ...Option) *Store {
 		clock:      cfg.clock,
 		epoch:      time.Now(),
 		maxEntries: int64(cfg.maxEntries),
+		maxBytes:   cfg.maxBytes,
 		quit:       make(chan struct{}),
 		swept:      make(chan struct{}),
 	}
@@ -118,6 +131,7 @@ func (s *Store) Close() error {
 		sh.mu.Unlock()
 	}
 	s.count.Store(0)
+	s.bytes.Store(0)
 	return nil
 }
 
@@ -153,11 +167,16 @@ func (s *Store) now() instant {
 	return instant(s.clock().Sub(s.epoch))
 }
 
-// reserve takes room for one new record, reporting false when full.
-func (s *Store) reserve() bool {
+// reserve takes room for one new record of size bytes, reporting false
+// when either bound leaves none.
+func (s *Store) reserve(size int64) bool {
+	if !s.take(size) {
+		return false
+	}
 	for {
 		n := s.count.Load()
 		if n >= s.maxEntries {
+			s.bytes.Add(-size)
 			return false
 		}
 		if s.count.CompareAndSwap(n, n+1) {
@@ -166,12 +185,55 @@ func (s *Store) reserve() bool {
 	}
 }
 
+// take adds n to the byte total when that keeps it within the bound, and
+// reports whether it did.
+func (s *Store) take(n int64) bool {
+	for {
+		b := s.bytes.Load()
+		if n > s.maxBytes-b {
+			return false
+		}
+		if s.bytes.CompareAndSwap(b, b+n) {
+			return true
+		}
+	}
+}
+
+// forget takes a record that held held bytes off the totals.
+func (s *Store) forget(held int64) {
+	s.count.Add(-1)
+	s.bytes.Add(-held)
+}
+
+// purge purges the expired records of sh at now and takes them off the
+// totals. Callers hold sh.mu.
+func (s *Store) purge(sh *shard, now instant) {
+	n, held := sh.purge(now, s.hash)
+	if n > 0 {
+		s.count.Add(-int64(n))
+		s.bytes.Add(-held)
+	}
+}
+
 // errNoRoom reports, inside the package, that the shard had no room.
 var errNoRoom = errors.New("memstore: no room")
+
+// full returns the error of an Acquire refused for lack of room, which
+// says which bound the store has reached.
+func (s *Store) full() error {
+	if n := s.count.Load(); n >= s.maxEntries {
+		return fmt.Errorf("%w: memstore holds %d records (WithMaxEntries)", idempotency.ErrStoreFull, n)
+	}
+	return fmt.Errorf("%w: memstore records hold %d of %d bytes (WithMaxBytes)", idempotency.ErrStoreFull, s.bytes.Load(), s.maxBytes)
+}
 
 // Acquire implements idempotency.Store. A retried Acquire by the token that
 // holds the record reports Acquired (or Stolen) again and pushes the lease
 // to at least req.Lease from now. A steal restarts the record's TTL.
+//
+// A new record that finds no room under WithMaxEntries or WithMaxBytes,
+// even once expired records are purged, is refused with an error wrapping
+// idempotency.ErrStoreFull that names the bound reached.
 //
 // Acquire never blocks: with an already cancelled ctx it returns ctx.Err()
 // and changes nothing.
@@ -203,7 +265,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		s.purgeAll()
 		a, p, err = s.acquire(sh, h, req, s.now())
 		if err == errNoRoom {
-			err = idempotency.ErrStoreFull
+			err = s.full()
 		}
 	}
 	if err == nil && a.Outcome == idempotency.Completed && a.Response == nil {
@@ -275,7 +337,7 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 				rec.dups = 1
 				sh.records[req.Key] = rec
 			} else {
-				resp, err := sh.publish(req.Key, h, &rec)
+				resp, err := s.publish(sh, req.Key, h, &rec)
 				if err != nil {
 					return idempotency.Acquisition{}, payload{}, fmt.Errorf("%w (key %q)", err, req.Key)
 				}
@@ -293,6 +355,11 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 			}
 			rec.leaseUntil = max(rec.leaseUntil, now.after(req.Lease))
 		} else {
+			// The new token's bytes replace the old one's, room or not:
+			// a steal takes over a record, it does not make one.
+			grown := int64(len(req.Token) - len(rec.token))
+			rec.held += grown
+			s.bytes.Add(grown)
 			rec.token = req.Token
 			rec.epoch++
 			rec.leaseUntil = now.after(req.Lease)
@@ -302,15 +369,13 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 		sh.noteDeadline(rec.purgeAt())
 		return idempotency.Acquisition{Outcome: outcome, Epoch: uint64(rec.epoch)}, payload{}, nil
 	}
-	if !ok && !s.reserve() {
-		// An expired record of this key would have been reused in place.
-		s.count.Add(-int64(sh.purge(now, s.hash)))
-		if !s.reserve() {
-			return idempotency.Acquisition{}, payload{}, errNoRoom
+	if ok {
+		// The key's expired record gives its room to the new one.
+		delete(sh.records, req.Key)
+		if rec.complete() {
+			sh.done.remove(req.Key, h)
 		}
-	}
-	if ok && rec.complete() {
-		sh.done.remove(req.Key, h) // expired; replaced below
+		s.forget(rec.held)
 	}
 	rec = record{
 		fingerprint: req.Fingerprint,
@@ -318,6 +383,13 @@ func (s *Store) acquire(sh *shard, h uint64, req idempotency.AcquireRequest, now
 		epoch:       1,
 		leaseUntil:  now.after(req.Lease),
 		ttlUntil:    now.after(req.TTL),
+		held:        inProgressSize(req.Key, req.Fingerprint, req.Token),
+	}
+	if !s.reserve(rec.held) {
+		s.purge(sh, now)
+		if !s.reserve(rec.held) {
+			return idempotency.Acquisition{}, payload{}, errNoRoom
+		}
 	}
 	sh.records[req.Key] = rec
 	sh.noteDeadline(rec.purgeAt())
@@ -339,6 +411,10 @@ func (p payload) response() (*idempotency.Response, error) { return wire.Decode(
 // Complete by the token that completed the record returns nil and keeps
 // the first payload. A response with a status outside 200..599 is
 // refused with ErrInvalid.
+//
+// Complete never fails for lack of room: when the body would take the
+// store over its byte bound (WithMaxBytes), the record keeps the status
+// and headers and is marked BodyOmitted, and the body is not kept.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -357,8 +433,10 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	done := payload{meta: unsafe.String(unsafe.SliceData(block), len(block))}
-	if !resp.BodyOmitted {
+	var bodyHeld int64 // the body keeps its whole array alive
+	if !resp.BodyOmitted && len(resp.Body) > 0 {
 		done.body = unsafe.String(unsafe.SliceData(resp.Body), len(resp.Body))
+		bodyHeld = int64(cap(resp.Body))
 	}
 	sh := s.shard(key)
 	if err := s.lock(sh); err != nil {
@@ -373,6 +451,17 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if rec.complete() {
 		return nil
 	}
+	held := int64(len(done.meta)) + bodyHeld
+	if !s.take(held) {
+		// The status and headers are kept even over the bound; the body
+		// is not, if there is one.
+		if bodyHeld > 0 {
+			done = payload{meta: omitBody(resp)}
+		}
+		held = int64(len(done.meta))
+		s.bytes.Add(held)
+	}
+	rec.held += held
 	rec.meta, rec.body = done.meta, done.body
 	rec.ttlUntil = now.after(ttl)
 	sh.records[key] = rec
@@ -399,9 +488,21 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return idempotency.ErrLeaseLost
 	}
 	delete(sh.records, key)
-	s.count.Add(-1)
+	s.forget(rec.held)
 	sh.wake(key)
 	return nil
+}
+
+// omitBody returns the meta block of resp marked BodyOmitted, for a
+// record whose body the store has no room for. Only a store at its byte
+// bound encodes this second block, under the shard's lock.
+func omitBody(resp *idempotency.Response) string {
+	r := *resp
+	r.Body, r.BodyOmitted = nil, true
+	// resp's own block was encoded without error, and r differs from it in
+	// its body only, which the block does not hold.
+	block, _ := wire.AppendMeta(nil, &r)
+	return unsafe.String(unsafe.SliceData(block), len(block))
 }
 
 // Extend implements idempotency.Store.

@@ -462,6 +462,8 @@ func TestOptionsPanic(t *testing.T) {
 	t.Parallel()
 	for name, f := range map[string]func(){
 		"WithMaxEntries(0)":     func() { memstore.WithMaxEntries(0) },
+		"WithMaxBytes(0)":       func() { memstore.WithMaxBytes(0) },
+		"WithMaxBytes(-1)":      func() { memstore.WithMaxBytes(-1) },
 		"WithSweepInterval(0)":  func() { memstore.WithSweepInterval(0) },
 		"WithSweepInterval(-1)": func() { memstore.WithSweepInterval(-1) },
 		"WithClock(nil)":        func() { memstore.WithClock(nil) },

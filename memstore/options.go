@@ -7,6 +7,7 @@ type Option func(*config)
 
 type config struct {
 	maxEntries    int
+	maxBytes      int64
 	sweepInterval time.Duration
 	clock         func() time.Time // nil: time.Now, read through time.Since
 }
@@ -14,6 +15,7 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		maxEntries:    1_000_000,
+		maxBytes:      256 << 20,
 		sweepInterval: time.Minute,
 	}
 }
@@ -23,7 +25,8 @@ func defaultConfig() config {
 // no room, returns idempotency.ErrStoreFull. Live records are never evicted:
 // not IN_PROGRESS ones, whose handler is still running, and not unexpired
 // COMPLETE ones, whose loss would let a duplicate run the handler again.
-// It panics if n is not positive.
+// The bound is global: one client (one principal) can fill it for every
+// other. It panics if n is not positive.
 //
 // Default: 1_000_000.
 func WithMaxEntries(n int) Option {
@@ -31,6 +34,42 @@ func WithMaxEntries(n int) Option {
 		panic("memstore: WithMaxEntries needs a positive bound")
 	}
 	return func(c *config) { c.maxEntries = n }
+}
+
+// WithMaxBytes bounds the memory the store's records hold, in bytes: their
+// keys, fingerprints and lease tokens, the blocks that hold their status
+// and headers, their bodies (counted at their capacity, which the store
+// keeps alive), a fixed 192 bytes per record for its map slot and struct,
+// and, for a record whose duplicates read it without a lock, its entry in
+// that index (about 130 bytes, and 550 with a few headers). Not counted:
+// the registrations of waiters (Watch), which last only while their
+// requests wait.
+//
+// Acquire of a new key whose record would take the total over n first
+// purges expired records and, if that frees too little, returns an error
+// wrapping idempotency.ErrStoreFull; as with WithMaxEntries, no live record
+// is ever evicted. Complete never fails for lack of room, since a record
+// left IN_PROGRESS would let a duplicate run the handler again: when the
+// body would take the total over n, the record is stored with its body
+// omitted (idempotency.Response.BodyOmitted), and duplicates get the status
+// and headers with an empty body. The status and headers are kept even
+// when they take the total over n, so the total can overshoot n by the
+// size of the status and headers of the responses completed at the bound,
+// and by the longer lease tokens of steals.
+//
+// The bound is global: one client (one principal) can fill it for every
+// other, with few records if their bodies are large. Size it for the
+// traffic, scope keys to the principal, and rate-limit clients upstream.
+// It panics if n is not positive.
+//
+// Default: 256 MiB. About 700,000 records of a few hundred bytes fit, or
+// 190,000 with 1 KiB bodies, so with small records this bound, not
+// WithMaxEntries, is the one reached first.
+func WithMaxBytes(n int64) Option {
+	if n <= 0 {
+		panic("memstore: WithMaxBytes needs a positive bound")
+	}
+	return func(c *config) { c.maxBytes = n }
 }
 
 // WithSweepInterval sets how often a background goroutine purges expired

@@ -24,7 +24,7 @@ func (s *Store) purgeAll() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		if !s.closed.Load() {
-			s.count.Add(-int64(sh.purge(s.now(), s.hash)))
+			s.purge(sh, s.now())
 		}
 		sh.mu.Unlock()
 	}

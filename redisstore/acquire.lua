@@ -4,7 +4,7 @@
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller
 -- ARGV[2]  request fingerprint
--- ARGV[3]  lease, in milliseconds (> 0)
+-- ARGV[3]  lease, in milliseconds (> 0, at most 13 digits)
 -- ARGV[4]  key expiry of a new lease, in milliseconds: the later of the
 --          lease and the TTL (>= ARGV[3])
 --
@@ -14,11 +14,28 @@
 --   {3, epoch, meta, body}     completed: the stored payload, for replay
 --   {4, epoch, remaining_ms}   in flight under another token's live lease
 --   {5}                        mismatch: another fingerprint; nothing changed
---   {-1, message}              the value under the key is not a record
+--   {-1, message}              the value under the key is not a record;
+--                              nothing changed
 --
--- A retried call with the token that holds the record gets {1, epoch} or
--- {2, epoch} again. Only this script judges lease expiry, on the server's
+-- A retried call with the token that holds the record (same fingerprint)
+-- gets {1, epoch} or {2, epoch} again, with the same epoch, and renews the
+-- lease to run ARGV[3] from now when it would end sooner, whether or not it
+-- had already run out: as long as no other token took the record over, the
+-- holder keeps it, and never holds a lease that has run out. It never
+-- shortens the lease. Only this script judges lease expiry, on the server's
 -- clock (TIME, read at most once).
+--
+-- The script has no flags line, unlike complete.lua: its replay, in-flight
+-- and mismatch paths only read, so they work on a server at maxmemory, and
+-- its writes (a new record, a steal, a renewal) are refused there with an
+-- OOM error, before anything is written.
+--
+-- Stored numbers are parsed strictly, since Lua's tonumber also accepts
+-- " 1", "1.5", "1e3", "0x10", "nan" and "inf": epoch is 1 to 15 decimal
+-- digits without a leading zero (an exact integer as a Lua number, which is
+-- a double); lease is "seconds:microseconds:ms" with 1 to 12, 1 to 6 and 1
+-- to 13 decimal digits (13 digits hold the longest Go duration in ms), so
+-- every sum below stays under 2^53. Anything else is reported as {-1, ...}.
 --
 -- Redis formats and parses numbers with the C library, which costs more
 -- than a field read. So the lease is written as TIME's own strings and the
@@ -29,24 +46,35 @@
 
 local key, token, fp = KEYS[1], ARGV[1], ARGV[2]
 
+-- The largest epoch read: 15 digits. A steal of a record at this epoch is
+-- refused rather than writing a 16th digit.
+local max_epoch = 999999999999999
+
+-- parse_epoch returns the epoch field as a number, or nil unless it is 1 to
+-- 15 decimal digits without a leading zero.
+local function parse_epoch(v)
+  if not v or #v > 15 or not string.find(v, '^[1-9][0-9]*$') then return nil end
+  return tonumber(v)
+end
+
 -- One read serves every case, and a replay needs nothing else.
 local f = redis.pcall('HMGET', key, 'state', 'fp', 'epoch', 'meta', 'body', 'token', 'lease')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
 local state, rfp = f[1], f[2]
-local epoch = tonumber(f[3])
+local epoch = parse_epoch(f[3])
 
 if state == 'complete' then
   if not rfp then return {-1, 'field fp is missing'} end
-  if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a positive number'} end
+  if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
   if rfp ~= fp then return {5} end
   if not f[4] then return {-1, 'field meta is missing'} end
   if not f[5] then return {-1, 'field body is missing'} end
   return {3, epoch, f[4], f[5]}
 end
 
--- take writes a fresh lease at epoch e, taken at server time t.
+-- take writes a fresh lease at epoch e (a string), taken at server time t.
 local function take(e, t)
   redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
     'epoch', e, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[3])
@@ -60,22 +88,34 @@ if not state then
 end
 if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
 if not rfp then return {-1, 'field fp is missing'} end
-if not epoch or epoch < 1 then return {-1, 'field epoch is missing or not a positive number'} end
+if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
 local holder = f[6]
 if not holder then return {-1, 'field token is missing'} end
-local s, us, len = string.match(f[7] or '', '^(%d+):(%d+):(%d+)$')
-if not s then return {-1, 'field lease is missing or malformed'} end
+local s, us, len = string.match(f[7] or '', '^([0-9]+):([0-9]+):([0-9]+)$')
+if not s or #s > 12 or #us > 6 or #len > 13 then
+  return {-1, 'field lease is missing or malformed'}
+end
 
 if rfp ~= fp then return {5} end
-if holder == token then
-  if epoch == 1 then return {1, epoch} end
-  return {2, epoch}
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_at = tonumber(s) * 1000 + math.floor(tonumber(us) / 1000) + tonumber(len)
+if holder == token then
+  -- A retry by the holder: the lease runs at least ARGV[3] from now, and
+  -- the key lives at least as long (a key without expiry keeps none).
+  if now + tonumber(ARGV[3]) > lease_at then
+    redis.call('HSET', key, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[3])
+    local pttl = redis.call('PTTL', key)
+    if pttl >= 0 and pttl < tonumber(ARGV[3]) then
+      redis.call('PEXPIRE', key, ARGV[3])
+    end
+  end
+  if epoch == 1 then return {1, epoch} end
+  return {2, epoch}
+end
 if now >= lease_at then
-  take(epoch + 1, t)
+  if epoch >= max_epoch then return {-1, 'field epoch is at its maximum'} end
+  take(string.format('%d', epoch + 1), t)
   return {2, epoch + 1}
 end
 return {4, epoch, lease_at - now}

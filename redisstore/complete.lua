@@ -1,6 +1,13 @@
+#!lua flags=allow-oom
 -- complete.lua: the complete edge. Stores the payload and moves the record
 -- held by the caller's token to COMPLETE, kept for the TTL from now, then
 -- publishes on the record's channel if a waiter has marked it (watch.lua).
+--
+-- The flags line lets the script write on a server at maxmemory (Redis 7
+-- and later; see scripts.go for older servers): a record whose handler ran
+-- must be completed, or a duplicate would run the handler again once the
+-- lease ran out. It may take the server past maxmemory by the size of the
+-- payload.
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller

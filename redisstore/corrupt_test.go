@@ -3,24 +3,30 @@ package redisstore_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/redisstore"
 )
 
 // TestCorruptRecords plants values under record keys that are not records
-// the store wrote: each Acquire must fail with ErrCorruptRecord, neither
-// replaying nor granting a lease, and leave the value alone.
+// the store wrote: each Acquire, by another token and by the planted
+// holder's, must fail with ErrCorruptRecord, neither replaying nor granting
+// a lease, and leave the value and its expiry alone.
 func TestCorruptRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	lease := fmt.Sprintf("%d:0:3600000", time.Now().Unix()) // ends in an hour
+	lease := fmt.Sprintf("%d:0:3600000", time.Now().Unix())                // ends in an hour
+	expired := fmt.Sprintf("%d:0:1000", time.Now().Add(-time.Hour).Unix()) // ran out an hour ago
 	validMeta := func() string {
 		// A real meta block, taken from a completed record.
 		key := randKey()
@@ -74,11 +80,59 @@ func TestCorruptRecords(t *testing.T) {
 			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x01\x63\x00\x00", "body", "x")
 		},
 	}
+	// Numbers Lua's tonumber accepts but a record never holds. An epoch
+	// must be 1 to 15 decimal digits without a leading zero. The
+	// in-progress records' leases ran out, so a store trusting the epoch
+	// would steal them.
+	for _, epoch := range []string{
+		"nan", "inf", "-inf", "9223372036854775808", "1e3", "0x10", " 1", "1 ", "1.5",
+		"0", "-1", "+1", "01", "", "1000000000000000", "99999999999999999999",
+	} {
+		cases[fmt.Sprintf("in progress with epoch %q", epoch)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", epoch, "lease", expired)
+		}
+		cases[fmt.Sprintf("complete with epoch %q", epoch)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", epoch, "meta", validMeta, "body", "x")
+		}
+	}
+	// A lease is seconds:microseconds:ms, of at most 12, 6 and 13 decimal
+	// digits.
+	huge := strings.Repeat("9", 400)
+	for _, l := range []string{
+		huge + ":0:1000",
+		fmt.Sprintf("%d:%s:1000", time.Now().Unix(), huge),
+		fmt.Sprintf("%d:0:%s", time.Now().Unix(), huge),
+		fmt.Sprintf("%d:0:%s", time.Now().Add(-time.Hour).Unix(), huge),
+		"1000000000000:0:1000",
+		fmt.Sprintf("%d:1000000:1000", time.Now().Unix()),
+		fmt.Sprintf("%d:0:10000000000000", time.Now().Unix()),
+		fmt.Sprintf("%d:0:1e3", time.Now().Unix()),
+		fmt.Sprintf("%d:0x10:1000", time.Now().Unix()),
+		fmt.Sprintf(" %d:0:1000", time.Now().Unix()),
+		fmt.Sprintf("%d:0:1000.5", time.Now().Unix()),
+		fmt.Sprintf("%d:0:-1000", time.Now().Unix()),
+		fmt.Sprintf("%d:0:nan", time.Now().Unix()),
+		fmt.Sprintf("%d:0:1000:0", time.Now().Unix()),
+	} {
+		name := l
+		if len(name) > 40 {
+			name = fmt.Sprintf("%s...(%d bytes)", name[:20], len(name))
+		}
+		cases[fmt.Sprintf("in progress with lease %q", name)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", l)
+		}
+	}
 	for name, plant := range cases {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
 			key := randKey()
 			rkey := s.RecordKey(key)
 			plant(rkey, key)
+			// A planted expiry no script would set: a write to the key's
+			// expiry shows.
+			const plantedTTL = 2 * time.Hour
+			if !c.PExpire(ctx, rkey, plantedTTL).Val() {
+				t.Fatal("PEXPIRE of the planted value failed")
+			}
 			snapshot := func() string {
 				switch typ := c.Type(ctx, rkey).Val(); typ {
 				case "hash":
@@ -90,18 +144,23 @@ func TestCorruptRecords(t *testing.T) {
 				}
 			}
 			before := snapshot()
-			a, err := s.Acquire(ctx, req(key, "t2"))
-			if !errors.Is(err, idempotency.ErrCorruptRecord) {
-				t.Fatalf("Acquire = %+v, %v; want ErrCorruptRecord", a, err)
-			}
-			if !strings.Contains(err.Error(), rkey) {
-				t.Errorf("error %q does not name the key", err)
-			}
-			if a.Outcome != 0 || a.Response != nil {
-				t.Errorf("Acquire returned an outcome with the error: %+v", a)
-			}
-			if after := snapshot(); after != before {
-				t.Errorf("Acquire changed the corrupt value: %q -> %q", before, after)
+			for _, token := range []string{"t2", "t"} {
+				a, err := s.Acquire(ctx, req(key, token))
+				if !errors.Is(err, idempotency.ErrCorruptRecord) {
+					t.Fatalf("Acquire(%s) = %+v, %v; want ErrCorruptRecord", token, a, err)
+				}
+				if !strings.Contains(err.Error(), rkey) {
+					t.Errorf("error %q does not name the key", err)
+				}
+				if a.Outcome != 0 || a.Response != nil {
+					t.Errorf("Acquire(%s) returned an outcome with the error: %+v", token, a)
+				}
+				if after := snapshot(); after != before {
+					t.Fatalf("Acquire(%s) changed the corrupt value: %q -> %q", token, before, after)
+				}
+				if pttl := c.PTTL(ctx, rkey).Val(); pttl > plantedTTL || pttl < plantedTTL-time.Minute {
+					t.Fatalf("Acquire(%s) changed the key's expiry: PTTL %v, planted %v", token, pttl, plantedTTL)
+				}
 			}
 		})
 	}
@@ -123,20 +182,132 @@ func TestCorruptRecords(t *testing.T) {
 	}
 }
 
-// TestCorruptRecordOverHTTP: the middleware answers 500 and does not run
-// the handler.
+// TestExtremeRecords: the largest numbers a record may hold are read, and
+// reported without overflow.
+func TestExtremeRecords(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	fp := func(key string) string { return req(key, "x").Fingerprint }
+	live := fmt.Sprintf("%d:999999:3600000", time.Now().Unix())
+
+	key := randKey()
+	c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", live)
+	a := mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+	if a.Epoch != redisstore.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour+time.Second {
+		t.Errorf("in flight at the largest epoch: %+v", a)
+	}
+	a = mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
+	if a.Epoch != redisstore.MaxEpoch {
+		t.Errorf("holder's retry at the largest epoch: %+v", a)
+	}
+
+	// A steal would take the epoch past 15 digits: refused, nothing
+	// written. The holder's retry still renews its lease.
+	key = randKey()
+	rkey := s.RecordKey(key)
+	expired := fmt.Sprintf("%d:0:1000", time.Now().Add(-time.Hour).Unix())
+	c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", expired)
+	before := c.HGetAll(ctx, rkey).Val()
+	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {
+		t.Errorf("steal at the largest epoch = %+v, %v; want ErrCorruptRecord", a, err)
+	}
+	if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {
+		t.Errorf("refused steal changed the record: %v -> %v", before, after)
+	}
+	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
+	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+
+	// A lease ending in the year 33658, as long as a Go duration can be.
+	key = randKey()
+	c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 7,
+		"lease", fmt.Sprintf("999999999999:999999:%d", int64(math.MaxInt64)/int64(time.Millisecond)))
+	a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+	if a.Epoch != 7 || a.LeaseRemaining != math.MaxInt64 {
+		t.Errorf("in flight under the longest lease: %+v, want LeaseRemaining %v", a, time.Duration(math.MaxInt64))
+	}
+}
+
+// TestCorruptRecordOverHTTP: the middleware answers 500 record_unreadable
+// and does not run the handler.
 func TestCorruptRecordOverHTTP(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	var calls atomic.Int64
 	srv := httptest.NewServer(idempotency.New(s)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
 	})))
 	defer srv.Close()
+	wantUnreadable := func(key string) {
+		t.Helper()
+		before := calls.Load()
+		resp, body := post(t, srv.URL, key, "body")
+		if resp.StatusCode != http.StatusInternalServerError || calls.Load() != before {
+			t.Fatalf("key %s: status %d, handler ran %d more times; want 500 and 0", key, resp.StatusCode, calls.Load()-before)
+		}
+		if !strings.Contains(string(body), `"code":"record_unreadable"`) {
+			t.Fatalf("key %s: problem %s, want code record_unreadable", key, body)
+		}
+	}
+
 	c.Set(ctx, s.RecordKey(idempotency.StorageKey("", "k")), "garbage", 0)
-	resp, _ := post(t, srv.URL, "k", "body")
-	if resp.StatusCode != http.StatusInternalServerError || calls.Load() != 0 {
-		t.Fatalf("status %d, handler ran %d times; want 500 and 0", resp.StatusCode, calls.Load())
+	wantUnreadable("k")
+
+	// Records the middleware made, then given numbers Lua's tonumber
+	// accepts: a stolen record with epoch 2^63 whose lease ran out, and a
+	// completed one with epoch "nan".
+	for key, fields := range map[string][]any{
+		"k-steal":  {"state", "in_progress", "token", "gone", "epoch", "9223372036854775808", "lease", "1:0:1"},
+		"k-replay": {"epoch", "nan"},
+	} {
+		if resp, _ := post(t, srv.URL, key, "body"); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("key %s: first request: status %d", key, resp.StatusCode)
+		}
+		rkey := s.RecordKey(idempotency.StorageKey("", key))
+		// The response is sent before the record is completed.
+		if !redistest.WaitFor(5*time.Second, func() bool { return c.HGet(ctx, rkey, "state").Val() == "complete" }) {
+			t.Fatalf("key %s: record not completed: %v", key, c.HGetAll(ctx, rkey).Val())
+		}
+		c.HSet(ctx, rkey, fields...)
+		before := c.HGetAll(ctx, rkey).Val()
+		wantUnreadable(key)
+		if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {
+			t.Fatalf("key %s: record changed: %v -> %v", key, before, after)
+		}
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2 (the first requests)", n)
+	}
+}
+
+// TestHugeLuaNumbersInReplies: Redis turns a Lua number into an integer
+// reply by truncation, so an epoch or a remaining lease far out of range
+// arrives as some int64; the reply parsers refuse it or saturate instead
+// of trusting it.
+func TestHugeLuaNumbersInReplies(t *testing.T) {
+	c := newClient(t)
+	reply, err := c.Eval(ctx, "return {1e300, -1e300, 2^63, 0/0, 1/0, 2^53, 1e15 - 1}", nil).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if v, ok := redisstore.EpochAt(reply, i); ok {
+			t.Errorf("element %d (%v) accepted as epoch %d", i, reply[i], v)
+		}
+	}
+	if v, ok := redisstore.EpochAt(reply, 5); ok {
+		t.Errorf("2^53 accepted as epoch %d: above the 15-digit bound", v)
+	}
+	if v, ok := redisstore.EpochAt(reply, 6); !ok || v != redisstore.MaxEpoch {
+		t.Errorf("EpochAt(1e15 - 1) = %d, %v; want %d", v, ok, int64(redisstore.MaxEpoch))
+	}
+	for _, ms := range []int64{math.MaxInt64, math.MaxInt64/int64(time.Millisecond) + 1} {
+		if d := redisstore.MsDuration(ms); d != math.MaxInt64 {
+			t.Errorf("MsDuration(%d) = %v, want the largest Duration", ms, d)
+		}
+	}
+	if d := redisstore.MsDuration(1500); d != 1500*time.Millisecond {
+		t.Errorf("MsDuration(1500) = %v", d)
 	}
 }
 

@@ -16,11 +16,13 @@
 //	state       "in_progress" or "complete"
 //	token       lease token of the holder (of the completer, once complete)
 //	fp          request fingerprint
-//	epoch       1 for the first lease, +1 for each steal
+//	epoch       1 for the first lease, +1 for each steal (1 to 15 decimal
+//	            digits, no leading zero)
 //	lease       "seconds:microseconds:ms": the server's TIME when the lease
-//	            was taken or extended, and its length; it ends at that time
-//	            plus ms (read while in_progress; a complete record keeps its
-//	            last lease, unread)
+//	            was taken, renewed or extended, and its length; it ends at
+//	            that time plus ms (1 to 12, 6 and 13 decimal digits; read
+//	            while in_progress; a complete record keeps its last lease,
+//	            unread)
 //	meta        status, flags and headers, in a compact versioned binary block (complete only)
 //	body        the response body, raw (complete only)
 //
@@ -28,6 +30,12 @@
 // at the later of its lease and its TTL deadline, and extending the lease
 // pushes that out when the new lease ends later. A complete record's key
 // gets PEXPIRE ttl, its only deadline. So Redis itself purges records.
+//
+// The scripts parse the numbers strictly (Lua's tonumber would also take
+// " 1", "1.5", "1e3", "0x10", "nan" or "inf"). A value under a record key
+// that is not such a hash, or whose fields are not in these forms, is
+// reported as an error wrapping idempotency.ErrCorruptRecord and left
+// untouched, expiry included.
 //
 // # Scripts and round trips
 //
@@ -37,6 +45,15 @@
 // the server's clock with TIME, so application clocks do not matter. A
 // replay costs one round trip (the acquire reply carries the payload); a
 // first execution two (acquire, complete).
+//
+// Every script gives the same answer when run again with the same
+// arguments, as go-redis does by itself after a read timeout. A retried
+// acquire by the token holding the record answers acquired (or stolen)
+// again with the same epoch and renews the lease to run its full length
+// from now when it would end sooner, even if it had already run out, as
+// long as no other token took the record over; it never shortens a lease.
+// So a retry after Redis stalled for longer than the lease does not hand
+// out a lease that has already run out.
 //
 // # Waiting
 //
@@ -51,7 +68,20 @@
 //
 // Configure the server with maxmemory-policy noeviction: an evicted record
 // lets a duplicate run the handler a second time. With noeviction a full
-// server refuses new records, and Acquire reports idempotency.ErrStoreFull.
+// server refuses new records, and Acquire reports idempotency.ErrStoreFull;
+// Acquire's read-only answers (replay, in flight, mismatch) still work.
+// From Redis 7 on, a record already held can still be extended, completed
+// (which may take the server past maxmemory by the size of the response)
+// and released on a full server: the complete, extend and release scripts
+// open with the flags line "#!lua flags=allow-oom". A steal, a new record
+// and a holder's retry that renews its lease are refused, as is the mark
+// Watch writes (waiters then re-check when the holder's lease runs out).
+//
+// Servers before Redis 7 refuse to compile a script with a flags line; a
+// Store that meets that error switches, once, to the same scripts without
+// it. Such a server refuses Complete and Extend at maxmemory (Release still
+// works): the record stays in progress, and once its lease has run out and
+// the server has room, a duplicate runs the handler again.
 //
 // Redis replicates asynchronously. A failover can lose the writes the old
 // master had not yet sent to the promoted replica, so a record completed

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redistest"
 )
 
 // paymentHandler answers 201 with a body naming the call, counting calls.
@@ -205,13 +206,27 @@ func TestHTTPRoundTrips(t *testing.T) {
 	srv := httptest.NewServer(idempotency.New(s)(h))
 	defer srv.Close()
 
+	// The response is sent before the record is completed: completed
+	// waits for the complete, looking through a client the counter does
+	// not see.
+	raw := clientFor(t, c.Options().Addr)
+	completed := func(key string) {
+		t.Helper()
+		rkey := s.RecordKey(idempotency.StorageKey("", key))
+		if !redistest.WaitFor(5*time.Second, func() bool { return raw.HGet(ctx, rkey, "state").Val() == "complete" }) {
+			t.Fatalf("record of %s not completed", key)
+		}
+	}
+
 	post(t, srv.URL, "warm-up", "w") // loads the scripts
+	completed("warm-up")
 	post(t, srv.URL, "warm-up", "w")
 
 	counter.reset()
 	if resp, _ := post(t, srv.URL, "rt-1", "a"); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
+	completed("rt-1")
 	if n := counter.commands.Load(); n != 2 {
 		t.Errorf("first request: %d Redis commands, want 2 (acquire, complete)", n)
 	}

@@ -13,7 +13,7 @@ import (
 
 // A single Redis node.
 func ExampleNew() {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
 	store := redisstore.New(client)
 	defer store.Close()
@@ -28,8 +28,9 @@ func ExampleNew() {
 // Sentinel: the failover client follows the master the sentinels elect.
 func ExampleNew_sentinel() {
 	client := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName:    "mymaster",
-		SentinelAddrs: []string{"10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"},
+		MasterName:            "mymaster",
+		SentinelAddrs:         []string{"10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"},
+		ContextTimeoutEnabled: true, // the middleware's deadlines stop a call
 	})
 	defer client.Close()
 	// WAIT narrows (does not close) the window in which a failover loses a
@@ -43,7 +44,8 @@ func ExampleNew_sentinel() {
 // masters; each script touches only its record's key.
 func ExampleNew_cluster() {
 	client := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
+		Addrs:                 []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
+		ContextTimeoutEnabled: true,
 	})
 	defer client.Close()
 	store := redisstore.New(client, redisstore.WithPrefix("payments-api:idem:"))
@@ -53,7 +55,7 @@ func ExampleNew_cluster() {
 
 // Observing replication shortfalls: Complete succeeds, the handler is told.
 func ExampleWithWAITErrorHandler() {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	defer client.Close()
 	store := redisstore.New(client,
 		redisstore.WithWAIT(1, 50*time.Millisecond),

@@ -1,6 +1,12 @@
+#!lua flags=allow-oom
 -- extend.lua: the extend edge (heartbeat). Renews the lease of the
 -- IN_PROGRESS record held by the caller's token from now, and pushes the
 -- key's expiry out to the new lease when it would come sooner.
+--
+-- The flags line lets the script write on a server at maxmemory (Redis 7
+-- and later; see scripts.go for older servers): it replaces the lease field
+-- with one of about the same size, and a heartbeat refused there would let
+-- a duplicate steal the record from a running handler.
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller

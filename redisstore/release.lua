@@ -1,6 +1,10 @@
+#!lua flags=allow-oom
 -- release.lua: the release edge. Deletes the IN_PROGRESS record held by the
 -- caller's token, then publishes on the record's channel if a waiter has
 -- marked it (watch.lua).
+--
+-- The flags line lets the script run on a server at maxmemory (Redis 7 and
+-- later; see scripts.go for older servers): it only frees memory.
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller

@@ -1,7 +1,10 @@
 package redisstore
 
 import (
+	"context"
 	_ "embed"
+	"errors"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -11,6 +14,19 @@ import (
 // the server, and replies with an array. Script.Run sends EVALSHA and falls
 // back to EVAL when the server answers NOSCRIPT (a restarted or failed-over
 // server has an empty script cache).
+//
+// complete.lua, extend.lua and release.lua open with the flags line
+// "#!lua flags=allow-oom", so that Redis 7 and later run them on a server
+// at maxmemory: a record whose handler ran can still be completed, its
+// lease extended, or released. (With a flags line Redis 7 also treats the
+// script as a write script: it refuses it on a read-only replica up front,
+// and checks the keys it touches more strictly, which these pass: each
+// touches only the key it declares.) Servers before Redis 7 do not know
+// flags lines and refuse to compile such a script; a Store then switches,
+// once, to the same scripts without the line (see flaggedScript), which
+// such a server refuses at maxmemory as it always did (complete and
+// extend; release only deletes). acquire.lua has no flags line: a server
+// at maxmemory runs its read-only paths and refuses its writes.
 var (
 	//go:embed acquire.lua
 	acquireSrc    string
@@ -18,15 +34,15 @@ var (
 
 	//go:embed complete.lua
 	completeSrc    string
-	completeScript = redis.NewScript(completeSrc)
+	completeScript = newFlaggedScript(completeSrc)
 
 	//go:embed release.lua
 	releaseSrc    string
-	releaseScript = redis.NewScript(releaseSrc)
+	releaseScript = newFlaggedScript(releaseSrc)
 
 	//go:embed extend.lua
 	extendSrc    string
-	extendScript = redis.NewScript(extendSrc)
+	extendScript = newFlaggedScript(extendSrc)
 
 	// watchScript is not an edge: it marks a record as watched, so that
 	// complete and release publish on its channel.
@@ -34,3 +50,68 @@ var (
 	watchSrc    string
 	watchScript = redis.NewScript(watchSrc)
 )
+
+// flaggedScript is a script whose source opens with a flags line
+// ("#!lua flags=..."), for Redis 7 and later, together with the same script
+// with that line left empty, for older servers. Keeping the line's newline
+// keeps the line numbers of error messages the same in both.
+type flaggedScript struct {
+	flagged, plain *redis.Script
+}
+
+// flagsLinePrefix opens the flags line of a script.
+const flagsLinePrefix = "#!lua"
+
+// newFlaggedScript returns the flaggedScript of src. It panics when src
+// does not open with a flags line.
+func newFlaggedScript(src string) *flaggedScript {
+	line, _, ok := strings.Cut(src, "\n")
+	if !ok || !strings.HasPrefix(line, flagsLinePrefix) {
+		panic("redisstore: script does not open with a flags line")
+	}
+	return &flaggedScript{
+		flagged: redis.NewScript(src),
+		plain:   redis.NewScript(src[len(line):]),
+	}
+}
+
+// flagsLineRefused reports whether err is the error a server before Redis 7
+// answers to a script that opens with a flags line. Such a server compiles
+// a script as the body of a Lua function, where "#" cannot start a
+// statement, and replies
+//
+//	ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'
+//
+// (Redis 2.6 to 6.2; Redis 7 reports a script that does not compile with
+// the same prefix, so the prefix alone is not enough).
+func flagsLineRefused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "ERR Error compiling script") && strings.Contains(msg, "near '#'")
+}
+
+// script returns the version of sc the Store sends: the flagged one until
+// the server refused a flags line.
+func (s *Store) script(sc *flaggedScript) *redis.Script {
+	if s.plainScripts.Load() {
+		return sc.plain
+	}
+	return sc.flagged
+}
+
+// run runs sc on the Store's client with EVALSHA (EVAL on NOSCRIPT). When
+// the server refuses the flags line, the Store switches to the plain
+// scripts for good and runs sc again without it: the refused call did not
+// run, so running it again is safe.
+func (s *Store) run(ctx context.Context, sc *flaggedScript, keys []string, args ...any) ([]any, error) {
+	script := s.script(sc)
+	reply, err := script.Run(ctx, s.client, keys, args...).Slice()
+	if script == sc.flagged && flagsLineRefused(err) {
+		s.plainScripts.Store(true)
+		reply, err = sc.plain.Run(ctx, s.client, keys, args...).Slice()
+	}
+	return reply, err
+}

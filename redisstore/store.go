@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,11 +22,19 @@ type Store struct {
 	cfg    config
 	closed atomic.Bool
 	hub    *hub
+	// deadlines: the client stops a call at its context's deadline (see
+	// bounded).
+	deadlines bool
 
 	// The lease, TTL and new-lease key expiry of the last calls, as script
 	// arguments: requests mostly repeat them, and reusing the boxed value
 	// saves an allocation.
 	lease, ttl, expiry atomic.Pointer[msArg]
+
+	// plainScripts is set once the server refused the flags line of a
+	// script (a server before Redis 7): the Store then sends the scripts
+	// without it (see flaggedScript).
+	plainScripts atomic.Bool
 }
 
 // msArg is a duration in milliseconds, boxed as a script argument.
@@ -62,7 +71,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		}
 		o(&cfg)
 	}
-	return &Store{client: client, cfg: cfg, hub: newHub(client)}
+	return &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client)}
 }
 
 // Close stops the Store's shared pub/sub subscription and wakes every
@@ -113,10 +122,14 @@ func (s *Store) check(key, token string) error {
 }
 
 // Acquire implements idempotency.Store in one round trip: a COMPLETE
-// record's payload comes back in the same reply. A value under the key that
-// is not a well-formed record is reported as an error wrapping
+// record's payload comes back in the same reply. A retry by the token that
+// holds the record renews its lease to run req.Lease from now on the
+// server's clock when it would end sooner, even if it had run out, so a
+// retry never hands out a lease that has already run out. A value under the
+// key that is not a well-formed record is reported as an error wrapping
 // idempotency.ErrCorruptRecord; a server out of memory (maxmemory reached
-// with the noeviction policy) as one wrapping idempotency.ErrStoreFull.
+// with the noeviction policy) refusing a write as one wrapping
+// idempotency.ErrStoreFull.
 func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
 	if err := s.check(req.Key, req.Token); err != nil {
 		return idempotency.Acquisition{}, err
@@ -125,8 +138,10 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, fmt.Errorf("redisstore: lease %v and TTL %v must be positive", req.Lease, req.TTL)
 	}
 	rkey := s.RecordKey(req.Key)
-	reply, err := acquireScript.Run(ctx, s.client, []string{rkey},
-		req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.expiry, max(req.Lease, req.TTL))).Slice()
+	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
+		return acquireScript.Run(ctx, s.client, []string{rkey},
+			req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.expiry, max(req.Lease, req.TTL))).Slice()
+	})
 	if err != nil {
 		if isOOM(err) {
 			return idempotency.Acquisition{}, fmt.Errorf("%w: %s: %v", idempotency.ErrStoreFull, rkey, err)
@@ -142,8 +157,8 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	switch code {
 	case 1, 2:
-		epoch, ok := intAt(reply, 1)
-		if !ok || epoch < 1 {
+		epoch, ok := epochAt(reply, 1)
+		if !ok {
 			return bad()
 		}
 		o := idempotency.Acquired
@@ -152,7 +167,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		}
 		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
 	case 3:
-		epoch, ok1 := intAt(reply, 1)
+		epoch, ok1 := epochAt(reply, 1)
 		meta, ok2 := strAt(reply, 2)
 		body, ok3 := strAt(reply, 3)
 		if !ok1 || !ok2 || !ok3 {
@@ -164,15 +179,15 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		}
 		return idempotency.Acquisition{Outcome: idempotency.Completed, Epoch: uint64(epoch), Response: resp}, nil
 	case 4:
-		epoch, ok1 := intAt(reply, 1)
+		epoch, ok1 := epochAt(reply, 1)
 		ms, ok2 := intAt(reply, 2)
-		if !ok1 || !ok2 {
+		if !ok1 || !ok2 || ms < 0 {
 			return bad()
 		}
 		return idempotency.Acquisition{
 			Outcome:        idempotency.InFlight,
 			Epoch:          uint64(epoch),
-			LeaseRemaining: time.Duration(max(ms, 1)) * time.Millisecond,
+			LeaseRemaining: msDuration(max(ms, 1)),
 		}, nil
 	case 5:
 		return idempotency.Acquisition{Outcome: idempotency.Mismatch}, nil
@@ -200,12 +215,12 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	}
 	rkey, channel := s.keyAndChannel(key)
 	args := []any{token, ms(&s.ttl, ttl), meta, body, channel}
-	var reply []any
-	if s.cfg.waitN > 0 {
-		reply, err = s.completeAndWait(ctx, rkey, args)
-	} else {
-		reply, err = completeScript.Run(ctx, s.client, []string{rkey}, args...).Slice()
-	}
+	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
+		if s.cfg.waitN > 0 {
+			return s.completeAndWait(ctx, rkey, args)
+		}
+		return s.run(ctx, completeScript, []string{rkey}, args...)
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: complete %s: %w", rkey, err)
 	}
@@ -214,7 +229,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 
 // completeAndWait runs the complete script and WAIT in one pipeline on the
 // connection to the record's master, so WAIT counts the replicas that have
-// the write.
+// the write. It switches to the plain scripts as run does.
 func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([]any, error) {
 	var pipe redis.Pipeliner
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
@@ -227,20 +242,29 @@ func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([
 		pipe = s.client.Pipeline()
 	}
 	keys := []string{rkey}
-	run := func(sha bool) (*redis.Cmd, *redis.Cmd) {
+	run := func(script *redis.Script, sha bool) (*redis.Cmd, *redis.Cmd) {
 		var c *redis.Cmd
 		if sha {
-			c = completeScript.EvalSha(ctx, pipe, keys, args...)
+			c = script.EvalSha(ctx, pipe, keys, args...)
 		} else {
-			c = completeScript.Eval(ctx, pipe, keys, args...)
+			c = script.Eval(ctx, pipe, keys, args...)
 		}
 		w := pipe.Do(ctx, "WAIT", s.cfg.waitN, millis(s.cfg.waitTimeout))
 		_, _ = pipe.Exec(ctx)
 		return c, w
 	}
-	c, w := run(true)
-	if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-		c, w = run(false)
+	runScript := func(script *redis.Script) (*redis.Cmd, *redis.Cmd) {
+		c, w := run(script, true)
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			c, w = run(script, false)
+		}
+		return c, w
+	}
+	script := s.script(completeScript)
+	c, w := runScript(script)
+	if script == completeScript.flagged && flagsLineRefused(c.Err()) {
+		s.plainScripts.Store(true)
+		c, w = runScript(completeScript.plain)
 	}
 	reply, err := c.Slice()
 	if err != nil {
@@ -263,7 +287,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	rkey, channel := s.keyAndChannel(key)
-	reply, err := releaseScript.Run(ctx, s.client, []string{rkey}, token, channel).Slice()
+	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
+		return s.run(ctx, releaseScript, []string{rkey}, token, channel)
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: release %s: %w", rkey, err)
 	}
@@ -279,7 +305,9 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return fmt.Errorf("redisstore: lease %v must be positive", lease)
 	}
 	rkey := s.RecordKey(key)
-	reply, err := extendScript.Run(ctx, s.client, []string{rkey}, token, ms(&s.lease, lease)).Slice()
+	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
+		return s.run(ctx, extendScript, []string{rkey}, token, ms(&s.lease, lease))
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: extend %s: %w", rkey, err)
 	}
@@ -313,6 +341,28 @@ func replyCode(rkey string, reply []any) (int64, error) {
 		return 0, fmt.Errorf("%w: key %s: %s", idempotency.ErrCorruptRecord, rkey, msg)
 	}
 	return code, nil
+}
+
+// maxEpoch is the largest epoch acquire.lua reads (15 digits): Lua numbers
+// are doubles, exact for integers below 2^53.
+const maxEpoch = 999_999_999_999_999
+
+// epochAt returns the epoch at reply[i], which must lie in [1, maxEpoch].
+// Redis turns a Lua number into an integer reply by truncation, so a reply
+// outside that range (which the script never sends) is refused rather than
+// trusted.
+func epochAt(reply []any, i int) (int64, bool) {
+	v, ok := intAt(reply, i)
+	return v, ok && v >= 1 && v <= maxEpoch
+}
+
+// msDuration converts a non-negative number of milliseconds to a Duration,
+// saturating at the largest Duration instead of overflowing.
+func msDuration(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 func intAt(reply []any, i int) (int64, bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -43,6 +44,63 @@ var acquireCases = []testCase{
 		h.acquireWant(r, idempotency.Acquired, 1)
 		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 1)
 		h.complete(key, owner, sampleResponse("owner"), longTTL)
+	}},
+	{"SameTokenRetryRenewsLease", func(t *testing.T, h *harness) {
+		// A retry by the holder renews the lease to its full length from
+		// now; it never shortens it.
+		key, owner := newKey(), newToken()
+		const first = time.Second
+		h.acquireWant(req(key, owner, "fp", first, longTTL), idempotency.Acquired, 1)
+		h.acquireWant(req(key, owner, "fp", longLease, longTTL), idempotency.Acquired, 1)
+		a := h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 1)
+		if a.LeaseRemaining <= longLease-time.Second || a.LeaseRemaining > longLease {
+			t.Fatalf("LeaseRemaining after a retry with lease %v = %v, want about %[1]v", longLease, a.LeaseRemaining)
+		}
+		h.acquireWant(req(key, owner, "fp", first, longTTL), idempotency.Acquired, 1)
+		a = h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 1)
+		if a.LeaseRemaining <= longLease-time.Second {
+			t.Fatalf("LeaseRemaining after a retry with the shorter lease %v = %v: the lease of %v was shortened", first, a.LeaseRemaining, longLease)
+		}
+		h.complete(key, owner, sampleResponse("owner"), longTTL)
+		h.wantReplay(key, "fp", sampleResponse("owner"))
+	}},
+	{"SameTokenRetryAfterLeaseRanOut", func(t *testing.T, h *harness) {
+		// The holder's lease ran out and nobody took the record over: a
+		// retry of its Acquire (as a client library sends after a timeout)
+		// gets the same answer and a live lease again, so a duplicate
+		// right after it cannot steal.
+		key, owner := newKey(), newToken()
+		r := req(key, owner, "fp", retryLease, longTTL)
+		h.acquireWant(r, idempotency.Acquired, 1)
+		sleepUntil(time.Now().Add(retryLease))
+		h.acquireWant(r, idempotency.Acquired, 1)
+		a := h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 1)
+		if a.LeaseRemaining > retryLease {
+			t.Fatalf("LeaseRemaining = %v, want at most the retried lease %v", a.LeaseRemaining, retryLease)
+		}
+		h.complete(key, owner, sampleResponse("owner"), longTTL)
+		h.wantReplay(key, "fp", sampleResponse("owner"))
+	}},
+	{"OldHolderRetryAfterSteal", func(t *testing.T, h *harness) {
+		// Once another token took the record over, a retry by the old
+		// holder is a duplicate like any other: it takes nothing back.
+		key, old := newKey(), newToken()
+		r := req(key, old, "fp", shortLease, longTTL)
+		h.acquireWant(r, idempotency.Acquired, 1)
+		thief := req(key, newToken(), "fp", longLease, longTTL)
+		a, _ := h.poll(thief, idempotency.Stolen, idempotency.InFlight)
+		h.want(a, idempotency.Stolen, 2)
+		a = h.acquireWant(r, idempotency.InFlight, 2)
+		if a.LeaseRemaining <= shortLease {
+			t.Fatalf("LeaseRemaining = %v after the old holder's retry, want the thief's lease of %v", a.LeaseRemaining, longLease)
+		}
+		h.wantLeaseLost("Complete by the old holder", h.s.Complete(h.ctx(), key, old, sampleResponse("old"), longTTL))
+		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 2)
+		h.complete(key, thief.Token, sampleResponse("thief"), longTTL)
+		h.wantReplay(key, "fp", sampleResponse("thief"))
+		h.wantLeaseLost("Complete by the old holder after completion",
+			h.s.Complete(h.ctx(), key, old, sampleResponse("old"), longTTL))
+		h.wantReplay(key, "fp", sampleResponse("thief"))
 	}},
 	{"SameTokenOtherFingerprint", func(t *testing.T, h *harness) {
 		key, owner := newKey(), newToken()

@@ -92,6 +92,21 @@ var purgeCases = []testCase{
 		sleepUntil(start.Add(ttl))
 		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.Acquired, 1)
 	}},
+	{"RetryRenewsPastTTL", func(t *testing.T, h *harness) {
+		// A lease renewed by the holder's retried Acquire keeps the record
+		// past its TTL and its first lease, as an extended one does.
+		key, owner := newKey(), newToken()
+		const ttl = 50 * time.Millisecond
+		r := req(key, owner, "fp", retryLease, ttl)
+		start := time.Now()
+		h.acquireWant(r, idempotency.Acquired, 1)
+		sleepUntil(start.Add(retryLease / 2))
+		h.acquireWant(r, idempotency.Acquired, 1)
+		sleepUntil(start.Add(retryLease))
+		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 1)
+		h.complete(key, owner, sampleResponse("owner"), longTTL)
+		h.wantReplay(key, "fp", sampleResponse("owner"))
+	}},
 	{"ExtendPastTTL", func(t *testing.T, h *harness) {
 		// An extended lease keeps the record past its TTL.
 		key, owner := newKey(), newToken()

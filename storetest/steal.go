@@ -28,6 +28,20 @@ var stealCases = []testCase{
 		h.complete(key, third.Token, sampleResponse("third"), longTTL)
 		h.wantReplay(key, "fp", sampleResponse("third"))
 	}},
+	{"RetryAfterLeaseRanOut", func(t *testing.T, h *harness) {
+		// A thief whose own lease ran out retries its Acquire: it keeps
+		// the record at the same epoch, with a live lease again.
+		key := newKey()
+		h.acquireWant(req(key, newToken(), "fp", shortLease, longTTL), idempotency.Acquired, 1)
+		thief := req(key, newToken(), "fp", retryLease, longTTL)
+		a, _ := h.poll(thief, idempotency.Stolen, idempotency.InFlight)
+		h.want(a, idempotency.Stolen, 2)
+		sleepUntil(time.Now().Add(retryLease))
+		h.acquireWant(thief, idempotency.Stolen, 2)
+		h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.InFlight, 2)
+		h.complete(key, thief.Token, sampleResponse("thief"), longTTL)
+		h.wantReplay(key, "fp", sampleResponse("thief"))
+	}},
 	{"LiveLease", func(t *testing.T, h *harness) {
 		key := newKey()
 		h.acquireWant(req(key, newToken(), "fp", time.Second, longTTL), idempotency.Acquired, 1)

@@ -14,8 +14,9 @@
 //
 // Run checks every state and edge of the Store contract (acquire, steal,
 // complete, release, extend, purge), fencing of stale owners, TTL and lease
-// expiry, Watch notifications, retried calls and races between many
-// goroutines. Each check is a named subtest, so a single one can be run with
+// expiry, Watch notifications, retried calls (a retried Acquire by the
+// holder renews its lease, even one that ran out, unless another token took
+// the record over) and races between many goroutines. Each check is a named subtest, so a single one can be run with
 // -run, for example
 //
 //	go test -run 'TestConformance/Fencing/StaleOwner' ./mystore
@@ -65,6 +66,10 @@ const (
 	longTTL   = time.Hour
 	// shortLease is a lease a subtest waits out in real time.
 	shortLease = 60 * time.Millisecond
+	// retryLease is a lease a subtest waits out before the holder retries
+	// its Acquire: the duplicate that follows the retry must find the
+	// renewed lease still running, on a busy machine too.
+	retryLease = 300 * time.Millisecond
 	// waitBound bounds every wait for something that must happen.
 	waitBound = 3 * time.Second
 )

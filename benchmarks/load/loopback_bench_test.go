@@ -29,7 +29,7 @@ func BenchmarkLoopback(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/clients=%d", name, clients), func(b *testing.B) {
 				h := load.Handler(payload)
 				if name != "Bare" {
-					s := memstore.New(memstore.WithMaxEntries(1 << 26))
+					s := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 					b.Cleanup(func() { s.Close() })
 					h = idempotency.New(s)(h)
 				}
@@ -109,7 +109,7 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { bare.Close() })
-				s := memstore.New(memstore.WithMaxEntries(1 << 26))
+				s := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 				b.Cleanup(func() { s.Close() })
 				mw, err := load.Serve(idempotency.New(s)(load.Handler(payload)))
 				if err != nil {

@@ -136,7 +136,7 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 	targets = append(targets, &target{name: "bare", handler: load.Handler(payload)})
 
 	if o.redis == "" {
-		ms := memstore.New(memstore.WithMaxEntries(1 << 26))
+		ms := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 		defer ms.Close()
 		store = ms
 	} else {

@@ -20,7 +20,7 @@ func openStore(redisAddr string) (idempotency.Store, string, func(), error) {
 		s := memstore.New()
 		return s, "memstore", func() { _ = s.Close() }, nil
 	}
-	client := redis.NewClient(&redis.Options{Addr: redisAddr})
+	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {

@@ -1,8 +1,15 @@
 // Package faultproxy is a TCP proxy for tests that injects network faults
-// between a client and a server on the same machine: latency, a stall that
-// holds bytes in flight, dropped connections, a cut that closes every
-// connection and refuses new ones, and a cut triggered by a byte pattern in
-// the middle of a request.
+// between a client and a server on the same machine:
+//
+//   - latency on every chunk of bytes (SetLatency);
+//   - a stall that holds the bytes in flight with every connection open,
+//     in both directions (Stall, StallFor) or only the upstream's replies
+//     while requests still reach it (StallReplies, StallRepliesFor), until
+//     Restore or for a set time;
+//   - dropped connections (Drop);
+//   - a cut that closes every connection and refuses new ones (Cut);
+//   - a cut (CutOn) or a timed stall (StallOn) triggered by a byte pattern
+//     in the middle of a request.
 //
 // The proxy listens on a free loopback port and forwards only to a loopback
 // upstream; New refuses any other address.
@@ -22,7 +29,7 @@ import (
 // the loopback interface.
 var ErrNotLoopback = errors.New("faultproxy: upstream is not a loopback address")
 
-// Mode says what a pattern trigger (see Proxy.CutOn) does when it fires.
+// Mode says what a cut trigger (see Proxy.CutOn) does when it fires.
 type Mode int
 
 const (
@@ -35,6 +42,25 @@ const (
 	CutAfterReply
 )
 
+// StallMode says what a stall trigger (see Proxy.StallOn) holds when it
+// fires.
+type StallMode int
+
+const (
+	// StallBefore holds the bytes holding the pattern and everything sent
+	// after them, in both directions and on every connection, for the
+	// trigger's duration: the request reaches the upstream only when the
+	// stall ends.
+	StallBefore StallMode = iota + 1
+	// StallAfter forwards the bytes holding the pattern and then holds the
+	// upstream's replies on every connection for the trigger's duration:
+	// the request takes effect upstream and its reply arrives late.
+	StallAfter
+)
+
+// untimed is the duration of a stall that lasts until Restore.
+const untimed time.Duration = -1
+
 // Proxy forwards TCP connections from its own loopback address to an
 // upstream address, with faults switched on and off by its methods. It is
 // safe for concurrent use. The zero value is not usable; call New.
@@ -44,7 +70,8 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	latency  time.Duration
-	resume   chan struct{} // non-nil while stalled; closed by Restore
+	stall    *stall          // non-nil while stalled
+	ended    []chan struct{} // closed when the stall in progress ends
 	refusing bool
 	conns    map[*link]struct{}
 	trigger  *trigger
@@ -55,23 +82,37 @@ type Proxy struct {
 	conned atomic.Int64
 }
 
+// stall is the stall in progress.
+type stall struct {
+	requests bool          // client bytes are held too, not only replies
+	wake     chan struct{} // closed when this stall ends or is replaced
+	timer    *time.Timer   // ends a timed stall
+}
+
+// trigger is an armed pattern trigger: a cut (cut set) or a stall (stall
+// set).
 type trigger struct {
 	pattern []byte
-	mode    Mode
-	fired   chan struct{}
+	cut     Mode
+	stall   StallMode
+	d       time.Duration // how long a stall lasts
+	fired   chan struct{} // closed when the trigger has fired
+	ended   chan struct{} // closed when the stall it started ends
 }
 
 // link is one proxied connection: the client side and the upstream side.
 type link struct {
 	client, upstream net.Conn
 	once             sync.Once
-	swallow          atomic.Bool // discard upstream bytes (the reply being lost)
+	gone             chan struct{} // closed by close
+	swallow          atomic.Bool   // discard upstream bytes (the reply being lost)
 	swallowed        chan struct{}
 	swallowOnce      sync.Once
 }
 
 func (l *link) close() {
 	l.once.Do(func() {
+		close(l.gone)
 		l.client.Close()
 		l.upstream.Close()
 	})
@@ -100,8 +141,9 @@ func New(upstream string) (*Proxy, error) {
 // Addr returns the proxy's address, "127.0.0.1:<port>".
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Faults returns the number of faults injected so far: each Stall, Drop and
-// Cut, and each trigger that fired.
+// Faults returns the number of faults injected so far: each Stall,
+// StallFor, StallReplies, StallRepliesFor, Drop and Cut, and each trigger
+// that fired.
 func (p *Proxy) Faults() int64 { return p.faults.Load() }
 
 // Connections returns the number of client connections accepted and
@@ -116,16 +158,103 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
-// Stall stops forwarding in both directions: connections stay open and the
-// bytes sent meanwhile are held until Restore (or lost when a connection is
-// closed first).
+// Stall stops forwarding in both directions until Restore: connections
+// stay open and the bytes sent meanwhile are held. Restore lets them flow
+// on, each connection's in the order they were sent. Bytes a client sent
+// before closing its connection still reach the upstream then, as bytes
+// already in the network do, though their replies are lost; held bytes of
+// a connection the proxy closes (Drop, Cut, Close) are lost.
+//
+// A stall started while another is in progress replaces it without
+// releasing anything in between: the new one says what is held and until
+// when, bytes it does not hold flow on, and the channels of the stalls it
+// replaced are closed when it ends.
 func (p *Proxy) Stall() {
+	p.startStall(true, untimed, nil)
+}
+
+// StallFor is Stall for d: the proxy restores itself after d, unless
+// Restore or another stall came first. The returned channel is closed when
+// the stall ends, by its timer, Restore or Close, or at the end of a stall
+// that replaced it.
+func (p *Proxy) StallFor(d time.Duration) <-chan struct{} {
+	ended := make(chan struct{})
+	p.startStall(true, max(d, 0), ended)
+	return ended
+}
+
+// StallReplies holds the upstream's replies on every connection until
+// Restore, as a frozen or overloaded server does: connections stay open
+// and client bytes still reach the upstream and take effect there. Restore
+// lets the held replies flow on, each connection's in order; the held
+// replies of a connection closed meanwhile, by its client or by the proxy,
+// are dropped. It replaces a stall in progress as Stall does.
+func (p *Proxy) StallReplies() {
+	p.startStall(false, untimed, nil)
+}
+
+// StallRepliesFor is StallReplies for d: the proxy restores itself after
+// d, unless Restore or another stall came first. The returned channel is
+// closed when the stall ends, as StallFor's is.
+func (p *Proxy) StallRepliesFor(d time.Duration) <-chan struct{} {
+	ended := make(chan struct{})
+	p.startStall(false, max(d, 0), ended)
+	return ended
+}
+
+// startStall starts a stall as startStallLocked does and counts it as a
+// fault.
+func (p *Proxy) startStall(requests bool, d time.Duration, ended chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.resume == nil {
-		p.resume = make(chan struct{})
-	}
+	p.startStallLocked(requests, d, ended)
 	p.faults.Add(1)
+}
+
+// startStallLocked starts a stall of client bytes too when requests is
+// set, else of replies only, that ends after d unless d is untimed, and
+// closes ended (if not nil) when the stall ends.
+func (p *Proxy) startStallLocked(requests bool, d time.Duration, ended chan struct{}) {
+	if ended != nil {
+		p.ended = append(p.ended, ended)
+	}
+	if p.closed {
+		p.endStallLocked()
+		return
+	}
+	if old := p.stall; old != nil {
+		if old.timer != nil {
+			old.timer.Stop()
+		}
+		close(old.wake)
+	}
+	s := &stall{requests: requests, wake: make(chan struct{})}
+	if d != untimed {
+		s.timer = time.AfterFunc(d, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.stall == s { // not replaced or ended meanwhile
+				p.endStallLocked()
+			}
+		})
+	}
+	p.stall = s
+}
+
+// endStallLocked ends the stall in progress, if any, and closes the
+// channels waiting for its end.
+func (p *Proxy) endStallLocked() {
+	if s := p.stall; s != nil {
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		close(s.wake)
+		p.stall = nil
+	}
+	for _, c := range p.ended {
+		close(c)
+	}
+	p.ended = nil
 }
 
 // Drop closes every open connection; new connections are accepted as usual.
@@ -157,23 +286,22 @@ func (p *Proxy) closeAllLocked() {
 	}
 }
 
-// Restore ends a Stall or a Cut: held bytes flow on and new connections are
-// forwarded. It does not change the latency or disarm a pending trigger.
+// Restore ends a stall, timed or not, and a Cut: held bytes flow on and
+// new connections are forwarded. A pending stall timer is stopped, so it
+// cannot end a later stall. Restore does not change the latency or disarm
+// a pending trigger.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refusing = false
-	if p.resume != nil {
-		close(p.resume)
-		p.resume = nil
-	}
+	p.endStallLocked()
 }
 
 // CutOn arms a one-shot trigger: the next chunk of client bytes that
 // contains pattern (also across chunk boundaries) makes the proxy cut, as
 // mode says. The returned channel is closed when the trigger has fired and
-// the proxy is cut. Arming replaces a pending trigger. It panics on an empty
-// pattern or an unknown mode.
+// the proxy is cut. Arming replaces a pending trigger, of CutOn or StallOn.
+// It panics on an empty pattern or an unknown mode.
 func (p *Proxy) CutOn(pattern []byte, mode Mode) <-chan struct{} {
 	if len(pattern) == 0 {
 		panic("faultproxy: CutOn needs a pattern")
@@ -181,15 +309,42 @@ func (p *Proxy) CutOn(pattern []byte, mode Mode) <-chan struct{} {
 	if mode != CutBefore && mode != CutAfterReply {
 		panic("faultproxy: CutOn: unknown mode")
 	}
-	tr := &trigger{pattern: bytes.Clone(pattern), mode: mode, fired: make(chan struct{})}
-	p.mu.Lock()
-	p.trigger = tr
-	p.mu.Unlock()
+	tr := &trigger{pattern: bytes.Clone(pattern), cut: mode, fired: make(chan struct{})}
+	p.arm(tr)
 	return tr.fired
 }
 
-// Close stops the proxy: it closes the listener and every connection and
-// waits for its goroutines. It is safe to call more than once.
+// StallOn arms a one-shot trigger: the next chunk of client bytes that
+// contains pattern (also across chunk boundaries), when it is about to be
+// forwarded, starts a stall of d, as mode says. The stall replaces one in
+// progress, as Stall does, and Restore ends it early. The fired channel is
+// closed when the stall has started, before the chunk is forwarded (with
+// StallAfter) or held (with StallBefore); the ended channel is closed when
+// the stall ends, and neither is closed if the trigger never fires. Arming
+// replaces a pending trigger, of CutOn or StallOn. It panics on an empty
+// pattern or an unknown mode.
+func (p *Proxy) StallOn(pattern []byte, mode StallMode, d time.Duration) (fired, ended <-chan struct{}) {
+	if len(pattern) == 0 {
+		panic("faultproxy: StallOn needs a pattern")
+	}
+	if mode != StallBefore && mode != StallAfter {
+		panic("faultproxy: StallOn: unknown mode")
+	}
+	tr := &trigger{pattern: bytes.Clone(pattern), stall: mode, d: max(d, 0),
+		fired: make(chan struct{}), ended: make(chan struct{})}
+	p.arm(tr)
+	return tr.fired, tr.ended
+}
+
+func (p *Proxy) arm(tr *trigger) {
+	p.mu.Lock()
+	p.trigger = tr
+	p.mu.Unlock()
+}
+
+// Close stops the proxy: it closes the listener and every connection, ends
+// a stall and waits for its goroutines. A stall started after Close ends at
+// once. It is safe to call more than once.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -199,10 +354,7 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	err := p.ln.Close()
 	p.closeAllLocked()
-	if p.resume != nil {
-		close(p.resume)
-		p.resume = nil
-	}
+	p.endStallLocked()
 	p.mu.Unlock()
 	p.wg.Wait()
 	return err
@@ -227,7 +379,7 @@ func (p *Proxy) accept() {
 			c.Close()
 			continue
 		}
-		l := &link{client: c, upstream: up, swallowed: make(chan struct{})}
+		l := &link{client: c, upstream: up, gone: make(chan struct{}), swallowed: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed || p.refusing {
 			p.mu.Unlock()
@@ -243,25 +395,41 @@ func (p *Proxy) accept() {
 	}
 }
 
-// gate blocks while the proxy is stalled and then applies the latency. It
-// reports false when the link was closed meanwhile.
-func (p *Proxy) gate(l *link) bool {
+// hold blocks while a stall holds the direction of l that up names (client
+// to upstream when set). It reports false when l was closed meanwhile.
+func (p *Proxy) hold(l *link, up bool) bool {
 	for {
 		p.mu.Lock()
-		resume, latency, closed := p.resume, p.latency, p.closed
+		s, closed := p.stall, p.closed
 		_, open := p.conns[l]
 		p.mu.Unlock()
 		if closed || !open {
 			return false
 		}
-		if resume == nil {
-			if latency > 0 {
-				time.Sleep(latency)
-			}
+		if s == nil || (up && !s.requests) {
 			return true
 		}
-		<-resume
+		select {
+		case <-s.wake:
+		case <-l.gone:
+			return false
+		}
 	}
+}
+
+// gate holds a chunk as hold does and then applies the latency. It reports
+// false when the link was closed meanwhile.
+func (p *Proxy) gate(l *link, up bool) bool {
+	if !p.hold(l, up) {
+		return false
+	}
+	p.mu.Lock()
+	latency := p.latency
+	p.mu.Unlock()
+	if latency > 0 {
+		time.Sleep(latency)
+	}
+	return true
 }
 
 // pump copies one direction of l: from the client to the upstream when
@@ -279,7 +447,7 @@ func (p *Proxy) pump(l *link, up bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			chunk := buf[:n]
-			if !p.gate(l) {
+			if !p.gate(l, up) {
 				return
 			}
 			if !up && l.swallow.Load() {
@@ -288,8 +456,14 @@ func (p *Proxy) pump(l *link, up bool) {
 			}
 			if up {
 				if tr := p.match(&tail, chunk); tr != nil {
-					p.fire(l, tr, chunk)
-					return
+					if tr.cut != 0 {
+						p.fireCut(l, tr, chunk)
+						return
+					}
+					if !p.fireStall(l, tr, chunk) {
+						return
+					}
+					continue
 				}
 			}
 			if _, werr := dst.Write(chunk); werr != nil {
@@ -329,9 +503,9 @@ func (p *Proxy) match(tail *[]byte, chunk []byte) *trigger {
 	return tr
 }
 
-// fire carries out a trigger on l, whose client just sent chunk.
-func (p *Proxy) fire(l *link, tr *trigger, chunk []byte) {
-	if tr.mode == CutAfterReply {
+// fireCut carries out a cut trigger on l, whose client just sent chunk.
+func (p *Proxy) fireCut(l *link, tr *trigger, chunk []byte) {
+	if tr.cut == CutAfterReply {
 		l.swallow.Store(true)
 		if _, err := l.upstream.Write(chunk); err == nil {
 			select {
@@ -347,9 +521,28 @@ func (p *Proxy) fire(l *link, tr *trigger, chunk []byte) {
 	close(tr.fired)
 }
 
+// fireStall carries out a stall trigger on l, whose client just sent
+// chunk, and forwards chunk when the stall lets it through. It reports
+// false when l is closed or broken.
+func (p *Proxy) fireStall(l *link, tr *trigger, chunk []byte) bool {
+	p.mu.Lock()
+	p.startStallLocked(tr.stall == StallBefore, tr.d, tr.ended)
+	p.mu.Unlock()
+	p.faults.Add(1)
+	close(tr.fired)
+	if tr.stall == StallBefore && !p.hold(l, true) {
+		return false
+	}
+	_, err := l.upstream.Write(chunk)
+	return err == nil
+}
+
+// forget stops tracking l and closes it. It untracks l first, so that once
+// either side sees the connection closed, bytes of l that a stall holds
+// are no longer forwarded.
 func (p *Proxy) forget(l *link) {
-	l.close()
 	p.mu.Lock()
 	delete(p.conns, l)
 	p.mu.Unlock()
+	l.close()
 }

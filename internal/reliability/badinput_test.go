@@ -38,6 +38,8 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 	if a := postKey(client, srv.URL, "genuine", "b"); a.status != 201 {
 		t.Fatal(a)
 	}
+	// It is written once its client has the response.
+	waitUntil(t, 5*time.Second, "the genuine record", func() bool { return ev.count(idempotency.EventExecuted, "") == 1 })
 	genuine := c.HGetAll(ctx, prefix+idempotency.StorageKey("", "genuine")).Val()
 	with := func(changes ...any) []any {
 		m := map[string]any{}
@@ -71,6 +73,15 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"unknown state":        func(rkey string) { c.HSet(ctx, rkey, with("state", "failed")...) },
 		"epoch not a number":   func(rkey string) { c.HSet(ctx, rkey, with("epoch", "many")...) },
 		"in progress no lease": func(rkey string) { c.HSet(ctx, rkey, with("state", "in_progress", "lease", nil)...) },
+		"epoch nan":            func(rkey string) { c.HSet(ctx, rkey, with("epoch", "nan")...) },
+		"epoch inf":            func(rkey string) { c.HSet(ctx, rkey, with("epoch", "inf")...) },
+		"epoch 2^63":           func(rkey string) { c.HSet(ctx, rkey, with("epoch", "9223372036854775808")...) },
+		"expired lease, epoch 2^63": func(rkey string) {
+			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "epoch", "9223372036854775808", "lease", "1:0:1")...)
+		},
+		"lease of 400 digits": func(rkey string) {
+			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "lease", "1:0:"+strings.Repeat("9", 400))...)
+		},
 	}
 	var ops, faults, violations int64
 	for name, plant := range plants {

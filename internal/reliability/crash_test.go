@@ -100,6 +100,10 @@ func crashScenario(t *testing.T, storeName string, a, b *owner, ex *executions, 
 		t.Fatalf("A's events %s: want one lease_lost and no executed", a.ev)
 	}
 	var violations int64
+	// B's record is written after B's client has its response.
+	waitUntil(t, 5*time.Second, "B's record to be stored", func() bool {
+		return b.ev.count(idempotency.EventExecuted, "") == 1
+	})
 	for _, o := range []*owner{a, b, a, b} {
 		ops++
 		if d := o.post("k"); !d.replayed || d.body != bAns.body {

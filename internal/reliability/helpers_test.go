@@ -120,6 +120,21 @@ func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 	}
 }
 
+// retryPast409 calls post until its answer is not 409, as a client
+// honouring Retry-After would (faster, to keep the tests short), for at most
+// 15 seconds.
+func retryPast409(t testing.TB, post func() answer) answer {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		a := post()
+		if a.status != http.StatusConflict || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // answer is a client's view of one response.
 type answer struct {
 	status   int

@@ -5,7 +5,9 @@
 //
 //	go run ./internal/cmd/reliability-report
 //
-// It runs go test -race -count=1 on ./internal/reliability with
+// It runs go test -race -count=1 on the packages that report scenarios
+// (./internal/reliability, and the root, memstore and redisstore packages,
+// whose tests of single faults report too) with
 // IDEMPOTENCY_REPORT set to a temporary file (and IDEMPOTENCY_REQUIRE_REDIS=1,
 // so that no Redis scenario is skipped), adds up the JSON lines the
 // scenarios wrote and replaces the text between the table markers of the
@@ -33,7 +35,7 @@ const (
 
 func main() {
 	file := flag.String("file", "RELIABILITY.md", "the file whose table is rewritten")
-	pkgs := flag.String("pkgs", "./internal/reliability/", "the packages whose scenarios run")
+	pkgs := flag.String("pkgs", "./internal/reliability/ . ./memstore/ ./redisstore/", "the packages whose scenarios run")
 	flag.Parse()
 	if err := run(*file, *pkgs); err != nil {
 		fmt.Fprintln(os.Stderr, "reliability-report:", err)

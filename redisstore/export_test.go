@@ -1,0 +1,24 @@
+package redisstore
+
+// Unexported parts of the package, for its tests.
+var (
+	FlagsLineRefused = flagsLineRefused
+	EpochAt          = epochAt
+	MsDuration       = msDuration
+)
+
+// MaxEpoch is the largest epoch the scripts read.
+const MaxEpoch = maxEpoch
+
+// UsePlainScripts makes s send the scripts without their flags line, as it
+// does once a server before Redis 7 refused one.
+func UsePlainScripts(s *Store) { s.plainScripts.Store(true) }
+
+// PlainScripts reports whether s sends the scripts without their flags line.
+func PlainScripts(s *Store) bool { return s.plainScripts.Load() }
+
+// FlaggedScriptSHAs returns the SHA-1 digests of the scripts sent with a
+// flags line, as EVALSHA names them.
+func FlaggedScriptSHAs() []string {
+	return []string{completeScript.flagged.Hash(), extendScript.flagged.Hash(), releaseScript.flagged.Hash()}
+}

@@ -1,0 +1,57 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/reliability"
+)
+
+// nearlyDoneStore reports every in-flight record's lease as about to end,
+// as a store with a skewed clock or a corrupt lease may, again and again.
+type nearlyDoneStore struct {
+	idempotency.Store
+	acquires atomic.Int64
+}
+
+func (s *nearlyDoneStore) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	s.acquires.Add(1)
+	a, err := s.Store.Acquire(ctx, req)
+	if a.Outcome == idempotency.InFlight {
+		a.LeaseRemaining = time.Millisecond
+	}
+	return a, err
+}
+
+// TestWaitRecheckFloor: a waiter whose store keeps saying the holder's lease
+// ends in a millisecond re-checks at most every 25ms, not in a loop.
+func TestWaitRecheckFloor(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	store := &nearlyDoneStore{Store: newMemStore(t)}
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	h := idempotency.New(store, idempotency.WithWait(bound))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+	}))
+	go do(h, http.MethodPost, "k", "")
+	<-entered
+	before := store.acquires.Load()
+	start := time.Now()
+	if res := do(h, http.MethodPost, "k", ""); res.StatusCode != http.StatusConflict {
+		t.Fatalf("waiter: %d, want 409 at the bound", res.StatusCode)
+	}
+	waited := time.Since(start)
+	checks := store.acquires.Load() - before
+	if limit := int64(waited/(25*time.Millisecond)) + 2; checks > limit {
+		t.Fatalf("%d checks in %v: more than one per 25ms (%d)", checks, waited, limit)
+	}
+	reliability.Report(t, reliability.Result{Scenario: "fault: store says a lease ends in 1ms, again and again", Store: "memstore",
+		Operations: checks, Faults: checks,
+		Note: fmt.Sprintf("waiter re-checked %d times in %v (was ~270)", checks, waited.Round(time.Millisecond))})
+}
