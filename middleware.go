@@ -35,11 +35,6 @@ type handler struct {
 	next  http.Handler
 }
 
-// conflictRetryAfter is the Retry-After of a 409. The original usually ends
-// well before its lease would, and a retry costs one store round trip, so
-// clients are told to come back soon rather than when the lease runs out.
-const conflictRetryAfter = time.Second
-
 // completeAttempts bounds the attempts of a Complete whose outcome is
 // unknown (a store error); each presents the same lease, and all of them end
 // at the lease's store deadline (see lease.storeDeadline).
@@ -51,30 +46,21 @@ func (h *handler) covers(method string) bool {
 
 // request is the state of one covered request with a key.
 type request struct {
-	h     *handler
-	w     http.ResponseWriter
-	r     *http.Request
-	start time.Time
-	acq   AcquireRequest
-	sent  time.Time // when the last Acquire was sent: the lease counts from it
-	rec   recorder
+	h        *handler
+	w        http.ResponseWriter
+	r        *http.Request
+	start    time.Time
+	claim    AcquireRequest // key, token, fingerprint, lease and TTL of every store call
+	sent     time.Time      // when the last Acquire was sent: the lease counts from it
+	recorder recorder
 }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
-	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.acq.Key, Status: status, Err: err}
+	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.claim.Key, Status: status, Err: err}
 }
 
 func (rq *request) emit(kind EventKind, status int, err error) {
 	rq.h.cfg.emit(rq.event(kind, status, err), rq.start)
-}
-
-func (rq *request) problem(status int, code Code, detail string, retryAfter time.Duration) {
-	p := newProblem(status, code, detail)
-	p.RetryAfter = retryAfter
-	if retryAfter > 0 {
-		rq.w.Header().Set("Retry-After", retryAfterSeconds(retryAfter))
-	}
-	rq.h.cfg.errorHandler(rq.w, rq.r, p)
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -86,29 +72,24 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, ok, err := requestKey(r.Header[HeaderKey])
 	if !ok {
 		if h.cfg.keyRequired {
-			rq.emit(EventRejected, http.StatusBadRequest, nil)
-			rq.problem(http.StatusBadRequest, CodeKeyRequired, "this request needs an Idempotency-Key header", 0)
+			rq.give(answerKeyRequired, nil)
 			return
 		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
 	if err != nil {
-		rq.emit(EventRejected, http.StatusBadRequest, err)
-		rq.problem(http.StatusBadRequest, CodeKeyInvalid, err.Error(), 0)
+		rq.give(answerKeyInvalid.with(err.Error()), err)
 		return
 	}
 
 	body, err := readBody(r, h.cfg.maxRequestBody)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
-		rq.emit(EventRejected, http.StatusRequestEntityTooLarge, nil)
-		rq.problem(http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
-			fmt.Sprintf("the request body is larger than %d bytes", h.cfg.maxRequestBody), 0)
+		rq.give(answerBodyTooLarge.with(fmt.Sprintf("the request body is larger than %d bytes", h.cfg.maxRequestBody)), nil)
 		return
 	case err != nil:
-		rq.emit(EventRejected, http.StatusBadRequest, nil)
-		rq.problem(http.StatusBadRequest, CodeBodyUnreadable, "the request body could not be read", 0)
+		rq.give(answerBodyUnreadable, nil)
 		return
 	}
 	var content []byte
@@ -122,7 +103,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		scope = h.cfg.keyScope(r)
 	}
 	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, content)
-	rq.acq = AcquireRequest{
+	rq.claim = AcquireRequest{
 		Key:         storageKey,
 		Token:       token,
 		Fingerprint: fingerprint,
@@ -147,7 +128,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // acquire asks the store for the record, noting when the call was sent.
 func (rq *request) acquire(ctx context.Context) (Acquisition, error) {
 	rq.sent = time.Now()
-	return rq.h.store.Acquire(ctx, rq.acq)
+	return rq.h.store.Acquire(ctx, rq.claim)
 }
 
 // serve acts on what Acquire found.
@@ -163,13 +144,9 @@ func (rq *request) serve(acq Acquisition) {
 		err := replay(rq.w, acq.Response)
 		rq.emit(EventReplayed, acq.Response.Status, err)
 	case InFlight:
-		rq.emit(EventConflict, http.StatusConflict, nil)
-		rq.problem(http.StatusConflict, CodeInFlight,
-			"a request with this Idempotency-Key is still being processed; retry later", conflictRetryAfter)
+		rq.give(answerInFlight, nil)
 	case Mismatch:
-		rq.emit(EventMismatch, http.StatusUnprocessableEntity, nil)
-		rq.problem(http.StatusUnprocessableEntity, CodeFingerprintMismatch,
-			"this Idempotency-Key was used with a different request", 0)
+		rq.give(answerMismatch, nil)
 	default:
 		rq.acquireFailed(fmt.Errorf("idempotency: store returned unknown outcome %v", acq.Outcome))
 	}
@@ -183,31 +160,19 @@ func (e *slowAcquireError) Error() string {
 	return fmt.Sprintf("idempotency: the acquire took %v of a %v lease; the lease was released unused", e.took, e.lease)
 }
 
-// acquireFailed answers a request whose record could not be looked up.
+// acquireFailed answers a request whose record could not be looked up: with
+// the answer storeErrorAnswer gives, or, with WithFailOpen and a store that
+// is unreachable or slow, by running the handler unprotected.
 func (rq *request) acquireFailed(err error) {
-	var slow *slowAcquireError
-	switch {
-	case errors.Is(err, ErrStoreFull):
-		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
-		rq.problem(http.StatusServiceUnavailable, CodeStoreFull, "the idempotency store is full; retry later", time.Second)
-	case errors.Is(err, ErrCorruptRecord):
-		rq.emit(EventStoreError, http.StatusInternalServerError, err)
-		rq.problem(http.StatusInternalServerError, CodeRecordUnreadable,
-			"the response stored for this Idempotency-Key cannot be read", 0)
-	case rq.h.cfg.failOpen:
+	a := storeErrorAnswer(err)
+	if rq.h.cfg.failOpen && a.code == CodeStoreUnavailable {
 		e := rq.event(EventStoreError, 0, err)
 		e.FailedOpen = true
 		rq.h.cfg.emit(e, rq.start)
 		rq.h.next.ServeHTTP(rq.w, rq.r)
-	case errors.As(err, &slow):
-		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
-		rq.problem(http.StatusServiceUnavailable, CodeStoreUnavailable,
-			"the idempotency store answered too slowly; retry later", time.Second)
-	default:
-		rq.emit(EventStoreError, http.StatusServiceUnavailable, err)
-		rq.problem(http.StatusServiceUnavailable, CodeStoreUnavailable,
-			"the idempotency store cannot be reached; retry later", time.Second)
+		return
 	}
+	rq.give(a, err)
 }
 
 // execute runs the handler under the lease just taken and stores or releases
@@ -233,9 +198,9 @@ func (rq *request) execute(acq Acquisition) {
 
 	ctx, cancel := context.WithCancelCause(rq.r.Context())
 	defer cancel(nil)
-	l := &lease{store: rq.h.store, ctx: storeCtx, key: rq.acq.Key, token: rq.acq.Token, length: cfg.lease, lose: cancel}
+	l := &lease{store: rq.h.store, ctx: storeCtx, key: rq.claim.Key, token: rq.claim.Token, length: cfg.lease, lose: cancel}
 	l.start(rq.sent)
-	rec := &rq.rec
+	rec := &rq.recorder
 	*rec = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie, head: rq.r.Method == http.MethodHead}
 
 	panicked := true
@@ -294,7 +259,7 @@ func (rq *request) complete(ctx context.Context, resp *Response) error {
 				return err
 			}
 		}
-		err = rq.h.store.Complete(ctx, rq.acq.Key, rq.acq.Token, resp, rq.h.cfg.ttl)
+		err = rq.h.store.Complete(ctx, rq.claim.Key, rq.claim.Token, resp, rq.h.cfg.ttl)
 		if err == nil || errors.Is(err, ErrLeaseLost) || ctx.Err() != nil {
 			return err
 		}
@@ -304,7 +269,7 @@ func (rq *request) complete(ctx context.Context, resp *Response) error {
 
 // release releases the key.
 func (rq *request) release(ctx context.Context) error {
-	return rq.h.store.Release(ctx, rq.acq.Key, rq.acq.Token)
+	return rq.h.store.Release(ctx, rq.claim.Key, rq.claim.Token)
 }
 
 // stopLease stops the heartbeat and reports what happened to the lease while

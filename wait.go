@@ -12,36 +12,43 @@ const minRecheck = 25 * time.Millisecond
 
 // wait is wait mode: it waits for the record held by another request to be
 // completed or released, re-checking on every notification and, as a
-// fallback, when the holder's lease runs out. It returns the last
-// acquisition, which is still InFlight when the wait bound passed.
+// fallback, when the holder's lease runs out. Every store call it makes is
+// bounded by the wait bound, so a store that stops answering (a frozen
+// node holding the subscription) cannot hold the waiter past it. It
+// returns the last acquisition, which is still InFlight when the wait bound
+// passed.
 func (rq *request) wait(acq Acquisition) (Acquisition, error) {
-	ctx := rq.r.Context()
-	deadline := time.NewTimer(rq.h.cfg.wait)
-	defer deadline.Stop()
+	ctx, cancel := context.WithTimeout(rq.r.Context(), rq.h.cfg.wait)
+	defer cancel()
 	recheck := time.NewTimer(max(acq.LeaseRemaining, minRecheck))
 	defer recheck.Stop()
 	for {
-		changed, stop, err := rq.h.store.Watch(ctx, rq.acq.Key)
+		changed, stop, err := rq.h.store.Watch(ctx, rq.claim.Key)
 		if err != nil {
 			// Without notifications, fall back to re-checking when the
 			// holder's lease runs out.
 			changed, stop = nil, func() {}
 		}
-		acq, err = rq.acquire(ctx)
-		if err != nil || acq.Outcome != InFlight {
+		next, err := rq.acquire(ctx)
+		if err != nil && ctx.Err() != nil && rq.r.Context().Err() == nil {
 			stop()
-			return acq, err
+			return acq, nil // the bound passed: the last answer stands
 		}
+		if err != nil || next.Outcome != InFlight {
+			stop()
+			return next, err
+		}
+		acq = next
 		recheck.Reset(max(acq.LeaseRemaining, minRecheck))
 		select {
 		case <-changed:
 		case <-recheck.C:
-		case <-deadline.C:
-			stop()
-			return acq, nil
 		case <-ctx.Done():
 			stop()
-			return acq, context.Cause(ctx)
+			if err := context.Cause(rq.r.Context()); err != nil {
+				return acq, err
+			}
+			return acq, nil
 		}
 		stop()
 	}

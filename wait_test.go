@@ -55,3 +55,41 @@ func TestWaitRecheckFloor(t *testing.T) {
 		Operations: checks, Faults: checks,
 		Note: fmt.Sprintf("waiter re-checked %d times in %v (was ~270)", checks, waited.Round(time.Millisecond))})
 }
+
+// frozenWatchStore's Watch does not answer until its context ends, as a
+// subscription on a frozen node does.
+type frozenWatchStore struct{ idempotency.Store }
+
+func (frozenWatchStore) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	<-ctx.Done()
+	return nil, nil, ctx.Err()
+}
+
+// TestWaitBoundHoldsWhenWatchHangs: the wait bound bounds the whole wait,
+// store calls included: a Watch that does not answer does not keep the
+// duplicate past it.
+func TestWaitBoundHoldsWhenWatchHangs(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	h := idempotency.New(frozenWatchStore{newMemStore(t)}, idempotency.WithWait(bound))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+	}))
+	go do(h, http.MethodPost, "k", "")
+	<-entered
+	done := make(chan *http.Response, 1)
+	start := time.Now()
+	go func() { done <- do(h, http.MethodPost, "k", "") }()
+	select {
+	case res := <-done:
+		if res.StatusCode != http.StatusConflict {
+			t.Fatalf("waiter: %d, want 409 at the bound", res.StatusCode)
+		}
+		if waited := time.Since(start); waited > bound+time.Second {
+			t.Fatalf("waiter answered after %v, bound %v", waited, bound)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a hanging Watch kept the waiter past its bound")
+	}
+}
