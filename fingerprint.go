@@ -5,9 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
+	"io"
 	"net/http"
-	"sync"
 	"sync/atomic"
 )
 
@@ -21,42 +20,28 @@ type FingerprintFunc func(r *http.Request, body []byte) string
 // query and the body, each length-prefixed so that no two requests share an
 // input.
 func DefaultFingerprint(r *http.Request, body []byte) string {
-	var out [sha256.Size]byte
-	return string(appendDefaultFingerprint(out[:0], r, body))
-}
-
-func appendDefaultFingerprint(dst []byte, r *http.Request, body []byte) []byte {
-	f := fingerprintPool.Get().(*fingerprinter)
-	f.h.Reset()
-	b := f.scratch[:0]
+	h := sha256.New()
 	for _, s := range [...]string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
-		b = append(b, s...)
+		writeField(h, s)
 	}
-	b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
-	f.h.Write(b)
-	f.h.Write(body)
-	dst = append(dst, f.h.Sum(f.sum[:0])...)
-	if cap(b) <= maxPooledScratch {
-		f.scratch = b[:0]
-		fingerprintPool.Put(f)
-	}
-	return dst
+	writeLength(h, len(body))
+	h.Write(body)
+	return string(h.Sum(nil))
 }
 
-// fingerprinter is a reusable SHA-256 state with room for the length-prefixed
-// request line.
-type fingerprinter struct {
-	h       hash.Hash
-	scratch []byte
-	sum     [sha256.Size]byte
+// writeField writes s to w after its length, so that fields cannot run into
+// each other.
+func writeField(w io.Writer, s string) {
+	writeLength(w, len(s))
+	io.WriteString(w, s)
 }
 
-const maxPooledScratch = 4 << 10
-
-var fingerprintPool = sync.Pool{New: func() any {
-	return &fingerprinter{h: sha256.New(), scratch: make([]byte, 0, 512)}
-}}
+// writeLength writes n to w as 8 bytes, big-endian.
+func writeLength(w io.Writer, n int) {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(n))
+	w.Write(b[:])
+}
 
 // storageKeyDomain separates storage-key hashes from any other use of SHA-256.
 const storageKeyDomain = "idempotency/v1/storage-key\x00"
@@ -65,40 +50,22 @@ const storageKeyDomain = "idempotency/v1/storage-key\x00"
 // length-prefixed under a fixed domain. It is 64 bytes long whatever the
 // input and holds no client bytes, so stores can use it in key names.
 func StorageKey(scope, key string) string {
-	var out [2 * sha256.Size]byte
-	return string(appendStorageKey(out[:0], scope, key))
+	h := sha256.New()
+	io.WriteString(h, storageKeyDomain)
+	writeField(h, scope)
+	writeField(h, key)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
-func appendStorageKey(dst []byte, scope, key string) []byte {
-	var buf [len(storageKeyDomain) + 16 + 2*MaxKeyLen]byte
-	b := append(buf[:0], storageKeyDomain...)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(scope)))
-	b = append(b, scope...)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(key)))
-	b = append(b, key...)
-	sum := sha256.Sum256(b)
-	return hex.AppendEncode(dst, sum[:])
-}
-
-// identity returns the storage key of (scope, key), a fresh random lease
-// token and the request's fingerprint. With the default fingerprint the
-// three share one allocation.
+// identity returns the storage key of (scope, key), a fresh lease token and
+// the request's fingerprint.
 func (c *config) identity(r *http.Request, scope, key string, body []byte) (storageKey, token, fingerprint string) {
-	const k, t = 2 * sha256.Size, 2 * tokenBytes
-	var out [k + t + sha256.Size]byte
-	b := appendStorageKey(out[:0], scope, key)
-	b = appendToken(b)
-	if c.fingerprint == nil {
-		b = appendDefaultFingerprint(b, r, body)
-		s := string(b)
-		return s[:k], s[k : k+t], s[k+t:]
+	fp := c.fingerprint
+	if fp == nil {
+		fp = DefaultFingerprint
 	}
-	s := string(b)
-	return s[:k], s[k:], c.fingerprint(r, body)
+	return StorageKey(scope, key), newToken(), fp(r, body)
 }
-
-// tokenBytes is the size of a lease token.
-const tokenBytes = 16
 
 // A lease token is a random per-process prefix and a counter: unique without
 // reading crypto/rand on every request. Tokens fence owners of one record
@@ -113,9 +80,10 @@ func init() {
 	_, _ = rand.Read(tokenPrefix[:]) // crypto/rand.Read never fails (Go 1.24)
 }
 
-func appendToken(dst []byte) []byte {
-	var t [tokenBytes]byte
+// newToken returns a fresh lease token: 32 hex digits.
+func newToken() string {
+	var t [16]byte
 	copy(t[:8], tokenPrefix[:])
 	binary.BigEndian.PutUint64(t[8:], tokenCounter.Add(1))
-	return hex.AppendEncode(dst, t[:])
+	return hex.EncodeToString(t[:])
 }
