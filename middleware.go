@@ -178,30 +178,47 @@ func (rq *request) acquireFailed(err error) {
 // execute runs the handler under the lease just taken and stores or releases
 // its outcome.
 func (rq *request) execute(acq Acquisition) {
-	cfg := &rq.h.cfg
-	storeCtx := context.WithoutCancel(rq.r.Context()) // the effect happened whether or not the client stays
-	if took := time.Since(rq.sent); cfg.lease-took < minLeaseToStart(cfg.lease) {
-		ctx, cancel := context.WithTimeout(storeCtx, cfg.lease/3)
-		err := rq.release(ctx)
-		cancel()
-		if err != nil {
-			rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
-		}
-		rq.acquireFailed(&slowAcquireError{took: took, lease: cfg.lease})
+	if took := time.Since(rq.sent); rq.h.cfg.lease-took < minLeaseToStart(rq.h.cfg.lease) {
+		rq.refuseSlowLease(took)
 		return
 	}
 	if acq.Outcome == Stolen {
 		e := rq.event(EventStolen, 0, nil)
 		e.Epoch = acq.Epoch
-		cfg.emit(e, rq.start)
+		rq.h.cfg.emit(e, rq.start)
 	}
+	l, lost := rq.runHandler()
+	rq.storeOutcome(l, lost, acq.Epoch)
+}
 
+// refuseSlowLease releases a lease whose acquire took so long that too
+// little of it is left to run the handler, and answers 503.
+func (rq *request) refuseSlowLease(took time.Duration) {
+	ctx, cancel := context.WithTimeout(rq.storeContext(), rq.h.cfg.lease/3)
+	err := rq.release(ctx)
+	cancel()
+	if err != nil {
+		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
+	}
+	rq.acquireFailed(&slowAcquireError{took: took, lease: rq.h.cfg.lease})
+}
+
+// storeContext is the context of store calls made for the request: its
+// values without its cancellation, since the handler's effect happened
+// whether or not the client stays.
+func (rq *request) storeContext() context.Context { return context.WithoutCancel(rq.r.Context()) }
+
+// runHandler runs the handler under the lease, with a context that the
+// lease cancels when it is lost, and the recorder. When the handler panics
+// it releases the key and re-raises the panic. It returns the stopped lease
+// and the loss, if the lease was lost.
+func (rq *request) runHandler() (*lease, error) {
+	cfg := &rq.h.cfg
 	ctx, cancel := context.WithCancelCause(rq.r.Context())
 	defer cancel(nil)
-	l := &lease{store: rq.h.store, ctx: storeCtx, key: rq.claim.Key, token: rq.claim.Token, length: cfg.lease, lose: cancel}
+	l := &lease{store: rq.h.store, ctx: rq.storeContext(), key: rq.claim.Key, token: rq.claim.Token, length: cfg.lease, lose: cancel}
 	l.start(rq.sent)
-	rec := &rq.recorder
-	*rec = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie, head: rq.r.Method == http.MethodHead}
+	rq.recorder = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie, head: rq.r.Method == http.MethodHead}
 
 	panicked := true
 	defer func() {
@@ -210,7 +227,7 @@ func (rq *request) execute(acq Acquisition) {
 		}
 		v := recover()
 		lost := rq.stopLease(l)
-		sctx, cancel := context.WithDeadline(storeCtx, l.storeDeadline())
+		sctx, cancel := context.WithDeadline(l.ctx, l.storeDeadline())
 		defer cancel()
 		if err := rq.release(sctx); err != nil {
 			rq.storeFailed(err, "release", lost)
@@ -222,29 +239,36 @@ func (rq *request) execute(acq Acquisition) {
 		rq.emit(EventReleased, 0, fmt.Errorf("idempotency: handler panicked: %v", v))
 		panic(v)
 	}()
-	rq.h.next.ServeHTTP(rec, rq.r.WithContext(ctx))
+	rq.h.next.ServeHTTP(&rq.recorder, rq.r.WithContext(ctx))
 	panicked = false
-	lost := rq.stopLease(l)
+	return l, rq.stopLease(l)
+}
+
+// storeOutcome sends the response to the client and then stores it as the
+// record, or releases the key when the response cannot or must not be
+// replayed. The store calls end at the lease's store deadline.
+func (rq *request) storeOutcome(l *lease, lost error, epoch uint64) {
+	rec := &rq.recorder
 	rec.finish() // the client has the response before the store is written
 
-	sctx, cancelStore := context.WithDeadline(storeCtx, l.storeDeadline())
-	defer cancelStore()
+	ctx, cancel := context.WithDeadline(l.ctx, l.storeDeadline())
+	defer cancel()
 	// 1xx finals (101 Switching Protocols) and hijacked connections cannot
 	// be replayed.
-	if rec.hijacked || rec.status < 200 || cfg.releaseStatus(rec.status) {
-		if err := rq.release(sctx); err != nil {
+	if rec.hijacked || rec.status < 200 || rq.h.cfg.releaseStatus(rec.status) {
+		if err := rq.release(ctx); err != nil {
 			rq.storeFailed(err, "release", lost)
 		}
 		rq.emit(EventReleased, rec.status, nil)
 		return
 	}
-	if err := rq.complete(sctx, rec.response()); err != nil {
+	if err := rq.complete(ctx, rec.response()); err != nil {
 		rq.storeFailed(err, "complete", lost)
 		return
 	}
 	e := rq.event(EventExecuted, rec.status, nil)
-	e.Epoch = acq.Epoch
-	cfg.emit(e, rq.start)
+	e.Epoch = epoch
+	rq.h.cfg.emit(e, rq.start)
 }
 
 // complete stores resp, retrying a Complete whose outcome is unknown (a
