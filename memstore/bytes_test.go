@@ -70,8 +70,7 @@ func TestMaxBytes(t *testing.T) {
 		t.Fatalf("Bytes = %d after completing at the bound, want more than %d", over, 10*per)
 	}
 	full("with only live records")
-	// Duplicates still replay; their records are not published over the
-	// bound, so the total does not move.
+	// Duplicates still replay, and the total does not move.
 	for i := range 5 {
 		for range 3 {
 			if a := acquire(t, s, key("k", i), "other", "fp", time.Hour, time.Minute); !replays(a, done) {
@@ -123,7 +122,7 @@ func TestCompleteOverByteBoundOmitsBody(t *testing.T) {
 		t.Fatalf("Bytes = %d, want the record and its status and headers, within %d", n, per+512)
 	}
 	omitted := &idempotency.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-	for i := range 3 { // through the lock, then published, then without the lock
+	for i := range 3 {
 		a := acquire(t, s, "k00", fmt.Sprint("dup", i), "fp", time.Hour, time.Hour)
 		if !replays(a, omitted) {
 			t.Fatalf("duplicate %d: %+v, want the status and headers with the body omitted", i, a.Response)
@@ -234,35 +233,40 @@ func TestBytesReturnToZero(t *testing.T) {
 	wantOutcome(t, acquire(t, s, "k", "longer", "fp", time.Second, time.Minute), idempotency.Stolen, 2)
 	wantBytes("after a steal by a longer token", per+int64(len("longer")-len("t")))
 
-	// Complete counts the body at its capacity, which the store keeps.
+	// Complete counts the body at its length, not its array's capacity:
+	// the store keeps a copy.
 	before := s.Bytes()
 	if err := s.Complete(ctx, "k", "longer", resp, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	completed := s.Bytes()
-	if completed < before+int64(cap(resp.Body)) {
-		t.Fatalf("Bytes = %d after Complete, want at least %d (the body's capacity)", completed, before+int64(cap(resp.Body)))
+	if completed < before+int64(len(resp.Body)) {
+		t.Fatalf("Bytes = %d after Complete, want at least %d (the body's length)", completed, before+int64(len(resp.Body)))
 	}
-	// The second duplicate publishes the record, which counts too.
+	wantOutcome(t, acquire(t, s, "j", "longer", "fp", time.Second, time.Minute), idempotency.Acquired, 1)
+	tight := &idempotency.Response{Status: resp.Status, Header: resp.Header, Body: resp.Body[:100:100]}
+	if err := s.Complete(ctx, "j", "longer", tight, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	wantBytes("after completing the same response in an array of its own size", 2*completed)
+	// Duplicates count for nothing.
 	for i := range 3 {
 		if a := acquire(t, s, "k", "dup", "fp", time.Second, time.Minute); !replays(a, &idempotency.Response{Status: 200, Header: resp.Header, Body: resp.Body}) {
 			t.Fatalf("duplicate %d: %+v", i, a)
 		}
 	}
-	if n := s.Bytes(); n <= completed {
-		t.Fatalf("Bytes = %d after publishing, want more than %d", n, completed)
-	}
+	wantBytes("after duplicates", 2*completed)
 
-	// A new record in place of the expired, published one.
+	// A new record in place of the expired, duplicated one.
 	clock.Advance(time.Minute)
 	wantOutcome(t, acquire(t, s, "k", "t", "fp", time.Second, time.Minute), idempotency.Acquired, 1)
-	wantBytes("after replacing an expired record", per)
+	wantBytes("after replacing an expired record", per+completed)
 	if err := s.Release(ctx, "k", "t"); err != nil {
 		t.Fatal(err)
 	}
-	wantBytes("after releasing the replacement", 0)
+	wantBytes("after releasing the replacement", completed)
 
-	// Purged, published or not.
+	// Purged, duplicated or not.
 	for i := range 20 {
 		key := fmt.Sprint("p", i)
 		wantOutcome(t, acquire(t, s, key, "t", "fp", time.Second, time.Minute), idempotency.Acquired, 1)

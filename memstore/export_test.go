@@ -22,5 +22,5 @@ func (s *Store) WatchedKeys() int {
 
 // ShardOf returns the index of key's shard.
 func (s *Store) ShardOf(key string) int {
-	return int(maphash.String(s.seed, key) & (shardCount - 1))
+	return int(maphash.String(s.seed, key) % shardCount)
 }

@@ -38,12 +38,10 @@ func WithMaxEntries(n int) Option {
 
 // WithMaxBytes bounds the memory the store's records hold, in bytes: their
 // keys, fingerprints and lease tokens, the blocks that hold their status
-// and headers, their bodies (counted at their capacity, which the store
-// keeps alive), a fixed 192 bytes per record for its map slot and struct,
-// and, for a record whose duplicates read it without a lock, its entry in
-// that index (about 130 bytes, and 550 with a few headers). Not counted:
-// the registrations of waiters (Watch), which last only while their
-// requests wait.
+// and headers, their bodies (which the store copies), and a fixed 160
+// bytes per record for its struct and map slot. Not counted: the
+// registrations of waiters (Watch), which last only while their requests
+// wait, and the Responses that replays decode, which belong to the caller.
 //
 // Acquire of a new key whose record would take the total over n first
 // purges expired records and, if that frees too little, returns an error
@@ -62,9 +60,9 @@ func WithMaxEntries(n int) Option {
 // traffic, scope keys to the principal, and rate-limit clients upstream.
 // It panics if n is not positive.
 //
-// Default: 256 MiB. About 700,000 records of a few hundred bytes fit, or
-// 190,000 with 1 KiB bodies, so with small records this bound, not
-// WithMaxEntries, is the one reached first.
+// Default: 256 MiB. About 750,000 records with two short headers and no
+// body fit, or 190,000 with 1 KiB bodies, so with small records this
+// bound, not WithMaxEntries, is the one reached first.
 func WithMaxBytes(n int64) Option {
 	if n <= 0 {
 		panic("memstore: WithMaxBytes needs a positive bound")

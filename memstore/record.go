@@ -3,11 +3,14 @@ package memstore
 import (
 	"math"
 	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/wire"
 )
 
 // instant is a point on the store's clock: the time since the store was
-// created. Using an offset keeps records small and, with time.Now, follows
-// the monotonic clock.
+// created. Using an offset keeps records small and, with time.Since,
+// follows the monotonic clock.
 type instant int64
 
 // after returns i+d, saturating instead of overflowing.
@@ -18,41 +21,49 @@ func (i instant) after(d time.Duration) instant {
 	return i + instant(d)
 }
 
-// record is one idempotency record. It is COMPLETE when meta is set and
-// IN_PROGRESS otherwise; an absent record has no entry.
+// record is one idempotency record. It is COMPLETE when done.meta is set
+// and IN_PROGRESS otherwise; an absent record has no entry. Records are
+// changed in place under their shard's lock.
 type record struct {
 	fingerprint string
 	token       string
-	// meta and body are a COMPLETE record's response in the wire format:
-	// meta holds its status, flags and headers, body its body. Neither
-	// holds a pointer, so the collector does not scan them however long
-	// the record is kept, as it would scan a header map.
-	meta  string
-	body  string
-	epoch uint32 // steals of one record within its TTL never come near 2³²
-	// dups counts the duplicates a COMPLETE record has answered under the
-	// lock, up to the one that publishes it (see shard.done).
-	dups       uint32
-	leaseUntil instant
+	done        payload // a COMPLETE record's response
+	epoch       uint64
+	leaseUntil  instant
 	// ttlUntil is when a COMPLETE record expires, and when an IN_PROGRESS
 	// record's TTL ends (it is purged only once its lease has ended too).
 	ttlUntil instant
 	// held is what the record counts for in the store's byte total (see
-	// WithMaxBytes): recordOverhead, its key, fingerprint and token, once
-	// COMPLETE its status and headers block and its body, and once
-	// published (see shard.done) its entry there. Whatever takes the
-	// record out of the map takes held off the total.
+	// WithMaxBytes). Whatever takes the record out of its map takes held
+	// off the total.
 	held int64
 }
 
+// payload is a stored response: meta holds its status, flags and headers
+// in the format of package wire, body a copy of its body. Their bytes hold
+// no pointers, so the garbage collector does not scan them.
+type payload struct{ meta, body string }
+
+// size is what p counts for in the store's byte total.
+func (p payload) size() int64 { return int64(len(p.meta) + len(p.body)) }
+
+// omitBody returns the meta block of resp marked BodyOmitted, for a
+// record whose body the store has no room for.
+func omitBody(resp *idempotency.Response) string {
+	r := *resp
+	r.Body, r.BodyOmitted = nil, true
+	// resp's own block was encoded without error, and r differs from it in
+	// its body only, which the block does not hold.
+	block, _ := wire.AppendMeta(nil, &r)
+	return string(block)
+}
+
 // recordOverhead is the memory a record holds beyond the bytes of its
-// strings, as WithMaxBytes counts it: its slot in the shard's map (the
-// key's string header and the record, 112 bytes, in a table that the map
-// keeps between 7/16 and 7/8 full) and the rounding of its strings up to
-// the allocator's size classes. Measured after a GC, with 1,000 to 160,000
-// records, it was 180 to 215 bytes (BenchmarkRecordMemory: about 180 with
-// 20,000).
-const recordOverhead = 192
+// strings, as WithMaxBytes counts it: the record, its slot in the shard's
+// map, and the rounding of its strings to the allocator's size classes.
+// Measured after a GC, with 1,000 to 1,000,000 records, the record and its
+// slot took 130 to 155 bytes.
+const recordOverhead = 160
 
 // inProgressSize is what a new IN_PROGRESS record of key counts for.
 func inProgressSize(key, fingerprint, token string) int64 {
@@ -60,7 +71,7 @@ func inProgressSize(key, fingerprint, token string) int64 {
 }
 
 // complete reports whether the record is COMPLETE.
-func (r *record) complete() bool { return r.meta != "" }
+func (r *record) complete() bool { return r.done.meta != "" }
 
 // purgeAt is when the record becomes absent.
 func (r *record) purgeAt() instant {

@@ -1,6 +1,9 @@
 package memstore
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // sweep purges expired records every interval until Close.
 func (s *Store) sweep(interval time.Duration) {
@@ -27,5 +30,30 @@ func (s *Store) purgeAll() {
 			s.purge(sh, s.now())
 		}
 		sh.mu.Unlock()
+	}
+}
+
+// purge deletes the records of sh that are absent at now and takes them
+// off the totals. Callers hold sh.mu.
+func (s *Store) purge(sh *shard, now instant) {
+	if now < sh.nextPurge {
+		return
+	}
+	next := instant(math.MaxInt64)
+	for key, rec := range sh.records {
+		if at := rec.purgeAt(); now >= at {
+			delete(sh.records, key)
+			s.forget(rec.held)
+		} else if at < next {
+			next = at
+		}
+	}
+	sh.nextPurge = next
+}
+
+// noteDeadline keeps nextPurge no later than at. Callers hold mu.
+func (sh *shard) noteDeadline(at instant) {
+	if at < sh.nextPurge {
+		sh.nextPurge = at
 	}
 }

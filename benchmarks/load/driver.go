@@ -189,6 +189,9 @@ func Run(ctx context.Context, client *http.Client, cfg Config) (*Result, error) 
 	if warmer.errs > 0 {
 		return nil, fmt.Errorf("load: warm-up: %d of %d requests failed, first: %v", warmer.errs, warm, warmer.first)
 	}
+	if err := Settle(ctx, client, url, keys...); err != nil {
+		return nil, fmt.Errorf("load: warm-up: %w", err)
+	}
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
@@ -270,4 +273,37 @@ func Run(ctx context.Context, client *http.Client, cfg Config) (*Result, error) 
 	res.Latency = summarise(all)
 	res.Requests = int64(res.Latency.N)
 	return res, nil
+}
+
+// Settle waits until each key's record is stored: the middleware answers a
+// first request before it writes the record, so a duplicate sent right
+// after it may still get 409. Settle repeats each key's request while it is
+// answered 409, for at most five seconds in all.
+func Settle(ctx context.Context, client *http.Client, url string, keys ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, key := range keys {
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(requestBody))
+			if err != nil {
+				return err
+			}
+			req.Header["Content-Type"] = []string{"application/json"}
+			req.Header["Idempotency-Key"] = []string{key}
+			resp, err := client.Do(req)
+			if err != nil {
+				return fmt.Errorf("settling %s: %w", key, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusCreated {
+				break // replayed, or a bare handler that keeps no records
+			}
+			if resp.StatusCode != http.StatusConflict {
+				return fmt.Errorf("settling %s: answered %d", key, resp.StatusCode)
+			}
+			time.Sleep(time.Millisecond) // the record is one store call away
+		}
+	}
+	return nil
 }
