@@ -46,6 +46,11 @@ func ExampleNew_cluster() {
 	client := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                 []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
 		ContextTimeoutEnabled: true,
+		// Find a promoted replica within a second, for all of the client's traffic.
+		ClusterStateReloadInterval: time.Second,
+		// A master that hangs holds each call for ReadTimeout × (1 + MaxRedirects);
+		// keep it above WithWAIT's timeout.
+		ReadTimeout: time.Second,
 	})
 	defer client.Close()
 	store := redisstore.New(client, redisstore.WithPrefix("payments-api:idem:"))

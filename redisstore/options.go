@@ -41,7 +41,10 @@ func WithPrefix(p string) Option {
 // window in which a failover loses a completed record; it does not make
 // Redis strongly consistent (see the package documentation).
 //
-// timeout should stay below the client's ReadTimeout. It panics when
+// timeout should stay below the client's ReadTimeout. On a Cluster the
+// script and WAIT follow the record's master through MOVED, ASK, READONLY
+// and a failed-over master, so WAIT counts the replicas of the master that
+// wrote the record. It panics when
 // replicas < 1 or timeout <= 0 (WAIT 0 would block forever).
 //
 // Default: no WAIT.

@@ -143,6 +143,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.expiry, max(req.Lease, req.TTL))).Slice()
 	})
 	if err != nil {
+		s.reloadSlotMapAfter(err)
 		if isOOM(err) {
 			return idempotency.Acquisition{}, fmt.Errorf("%w: %s: %v", idempotency.ErrStoreFull, rkey, err)
 		}
@@ -197,7 +198,11 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 
 // Complete implements idempotency.Store. With WithWAIT, the write and a WAIT
 // go out together on one connection; a WAIT shortfall is reported to the
-// WithWAITErrorHandler and does not fail Complete.
+// WithWAITErrorHandler and does not fail Complete. On a Cluster, Complete
+// follows the record to its current master when its slot has moved or is
+// moving (MOVED, ASK) or its master has failed over (MOVED, READONLY, or an
+// unreachable master: the client's slot map is then reloaded), WAIT
+// included.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
 	if err := s.check(key, token); err != nil {
 		return err
@@ -219,66 +224,13 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		if s.cfg.waitN > 0 {
 			return s.completeAndWait(ctx, rkey, args)
 		}
-		return s.run(ctx, completeScript, []string{rkey}, args...)
+		return s.runReloading(ctx, completeScript, []string{rkey}, args...)
 	})
 	if err != nil {
+		s.reloadSlotMapAfter(err)
 		return fmt.Errorf("redisstore: complete %s: %w", rkey, err)
 	}
 	return s.fenced("complete", rkey, reply)
-}
-
-// completeAndWait runs the complete script and WAIT in one pipeline on the
-// connection to the record's master, so WAIT counts the replicas that have
-// the write. It switches to the plain scripts as run does.
-func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([]any, error) {
-	var pipe redis.Pipeliner
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		master, err := cc.MasterForKey(ctx, rkey)
-		if err != nil {
-			return nil, err
-		}
-		pipe = master.Pipeline()
-	} else {
-		pipe = s.client.Pipeline()
-	}
-	keys := []string{rkey}
-	run := func(script *redis.Script, sha bool) (*redis.Cmd, *redis.Cmd) {
-		var c *redis.Cmd
-		if sha {
-			c = script.EvalSha(ctx, pipe, keys, args...)
-		} else {
-			c = script.Eval(ctx, pipe, keys, args...)
-		}
-		w := pipe.Do(ctx, "WAIT", s.cfg.waitN, millis(s.cfg.waitTimeout))
-		_, _ = pipe.Exec(ctx)
-		return c, w
-	}
-	runScript := func(script *redis.Script) (*redis.Cmd, *redis.Cmd) {
-		c, w := run(script, true)
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			c, w = run(script, false)
-		}
-		return c, w
-	}
-	script := s.script(completeScript)
-	c, w := runScript(script)
-	if script == completeScript.flagged && flagsLineRefused(c.Err()) {
-		s.plainScripts.Store(true)
-		c, w = runScript(completeScript.plain)
-	}
-	reply, err := c.Slice()
-	if err != nil {
-		return nil, err
-	}
-	if code, ok := intAt(reply, 0); ok && code == 1 && s.cfg.onWAIT != nil {
-		acked, werr := w.Int64()
-		if werr != nil {
-			s.cfg.onWAIT(ctx, &WAITError{Key: rkey, Replicas: s.cfg.waitN, Err: werr})
-		} else if acked < int64(s.cfg.waitN) {
-			s.cfg.onWAIT(ctx, &WAITError{Key: rkey, Replicas: s.cfg.waitN, Acked: int(acked)})
-		}
-	}
-	return reply, nil
 }
 
 // Release implements idempotency.Store.
@@ -291,6 +243,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return s.run(ctx, releaseScript, []string{rkey}, token, channel)
 	})
 	if err != nil {
+		s.reloadSlotMapAfter(err)
 		return fmt.Errorf("redisstore: release %s: %w", rkey, err)
 	}
 	return s.fenced("release", rkey, reply)
@@ -309,6 +262,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 		return s.run(ctx, extendScript, []string{rkey}, token, ms(&s.lease, lease))
 	})
 	if err != nil {
+		s.reloadSlotMapAfter(err)
 		return fmt.Errorf("redisstore: extend %s: %w", rkey, err)
 	}
 	return s.fenced("extend", rkey, reply)

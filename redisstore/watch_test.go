@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -371,5 +373,116 @@ func TestWatchMarksOnlyRecords(t *testing.T) {
 		return err == nil && n[s.Channel(bad)] == 0
 	}) {
 		t.Fatal("channel still subscribed after a failed Watch")
+	}
+}
+
+// TestWatchPingsOnlyWhileSubscribed: the store pings its pub/sub
+// connection after half a reply timeout (the client's ReadTimeout) of
+// silence while a channel is subscribed, and not at all once none is.
+func TestWatchPingsOnlyWhileSubscribed(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	pings := func() int {
+		t.Helper()
+		info, err := redistest.Do(srv.Addr(), "INFO", "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stat := redistest.InfoField(info, "cmdstat_ping") // calls=N,usec=...
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stat, "calls="), ",")
+		n, _ := strconv.Atoi(calls)
+		return n
+	}
+	key := randKey()
+	_, stop, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := pings()
+	time.Sleep(time.Second)
+	if n := pings() - before; n < 3 {
+		t.Errorf("%d PINGs in 1s with a channel subscribed, want one per 100ms of silence", n)
+	}
+	stop()
+	if !waitUntil(5*time.Second, func() bool {
+		n, err := c.PubSubNumSub(ctx, s.Channel(key)).Result()
+		return err == nil && n[s.Channel(key)] == 0
+	}) {
+		t.Fatal("channel still subscribed")
+	}
+	before = pings()
+	time.Sleep(time.Second)
+	if n := pings() - before; n != 0 {
+		t.Errorf("%d PINGs in 1s with no channel subscribed, want none", n)
+	}
+}
+
+// TestWatchRedialPaced: while the server refuses connections, a Watch
+// waiting for its subscription is carried from one new connection to the
+// next, at most one per half reply timeout rather than in a loop, and
+// returns by its deadline; once the server is back, its subscription is
+// confirmed.
+func TestWatchRedialPaced(t *testing.T) {
+	srv := redistest.Start(t)
+	var dials atomic.Int64
+	c := redis.NewClient(&redis.Options{
+		Addr:        srv.Addr(),
+		ReadTimeout: 200 * time.Millisecond, // a new connection at most every 100ms
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { c.Close() })
+	s := newStore(t, c)
+	key := randKey()
+	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+	_, stop, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	srv.Stop()
+	before := dials.Load()
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, _, err := s.Watch(wctx, randKey()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Watch with the server down = %v, want the context's deadline", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Watch with a 1s deadline returned after %v", took)
+	}
+	n := dials.Load() - before
+	t.Logf("%d dials in the second the server was down", n)
+	if n > 40 { // go-redis dials up to twice per connection
+		t.Errorf("%d dials in the second the server was down, want about 20", n)
+	}
+
+	// A Watch that starts while the server is down is confirmed once it
+	// is back.
+	key2 := randKey()
+	done := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, stop, err := s.Watch(wctx, key2)
+		if err == nil {
+			stop()
+		}
+		done <- err
+	}()
+	srv.Restart()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Watch made while the server was down: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch made while the server was down did not return")
 	}
 }

@@ -14,10 +14,10 @@
 // are not served by the module proxy this runs against, so they are not
 // measured.
 //
-// This is a module of its own, so that the peers stay out of the main
-// module's dependencies:
+// It belongs to the benchmarks module, so that the peers stay out of the
+// library's dependencies:
 //
-//	cd benchmarks/peers && go run . [-duration 2s] [-rounds 3] [-concurrency 16] [-body 1024]
+//	cd benchmarks && go run ./peers [-duration 2s] [-rounds 3] [-concurrency 16] [-body 1024]
 package main
 
 import (

@@ -31,6 +31,9 @@ type scriptCost struct {
 	usec     float64
 }
 
+// scriptCalls is how many times measureScripts runs each edge.
+const scriptCalls = 3000
+
 // measureScripts runs each store edge many times, one call at a time, on a
 // private redis-server (or REDIS_ADDR, under a fresh prefix) and reads the
 // EVALSHA time per call the server accounted.
@@ -52,7 +55,7 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 	s := redisstore.New(c, redisstore.WithPrefix(prefix))
 	defer s.Close()
 
-	const n = 3000
+	const n = scriptCalls
 	resp := &idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: load.Payload(1024)}
 	keys := make([]string, n)
 	for i := range keys {

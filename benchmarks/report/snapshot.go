@@ -10,11 +10,11 @@ import (
 	"time"
 )
 
-// snapshotFile, in benchmarks/results, holds what a run measured besides
-// the go test output kept beside it: the machine, the idemload and peers
-// output and the server time per script. With it, -render writes
-// BENCHMARKS.md again from a run's results without measuring anything, so
-// that a change of the fixed text is checked against the same numbers.
+// snapshotFile, in results/, holds what a run measured besides the go test
+// output kept beside it: the machine, the idemload and peers output and the
+// server time per script. With it, -render writes BENCHMARKS.md and the
+// pages again from a run's results without measuring anything, so that a
+// change of the fixed text is checked against the same numbers.
 const snapshotFile = "report.json"
 
 type snapshot struct {
@@ -117,12 +117,5 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 	return ms, nil
 }
 
-// write renders BENCHMARKS.md and the key-count plot.
-func (ms *measured) write(root string) error {
-	md := render(ms.c, ms.m, ms.res, ms.loads, ms.scripts, ms.peers)
-	if err := os.WriteFile(filepath.Join(root, "BENCHMARKS.md"), []byte(md), 0o644); err != nil {
-		return err
-	}
-	svg := keyCountSVG("Cost per request against live records", keyCountPanels(ms.res, ms.c.redis))
-	return os.WriteFile(filepath.Join(root, "benchmarks", "keycount.svg"), []byte(svg), 0o644)
-}
+// of returns the results of step s, or nil when it was not run.
+func (ms *measured) of(s *step) *results { return ms.res[s.name] }

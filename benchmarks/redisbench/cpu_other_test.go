@@ -1,6 +1,6 @@
 //go:build !unix
 
-package redisstore_test
+package redisbench
 
 import "time"
 

@@ -1,9 +1,8 @@
-package redisstore_test
+package redisbench
 
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,15 +28,12 @@ import (
 // the wall time per first execution (wall-µs/fe@...) and their ratio
 // (watched/always). It starts its own cluster.
 func BenchmarkClusterPublish(b *testing.B) {
-	src, err := os.ReadFile("complete.lua")
-	if err != nil {
-		b.Fatal(err)
-	}
+	src := storeSource(b, "complete.lua")
 	const conditional = "if f[3] then redis.call('PUBLISH', ARGV[5], 'complete') end"
-	if !strings.Contains(string(src), conditional) {
+	if !strings.Contains(src, conditional) {
 		b.Fatalf("complete.lua no longer holds %q", conditional)
 	}
-	always := redis.NewScript(strings.Replace(string(src), conditional, "redis.call('PUBLISH', ARGV[5], 'complete')", 1))
+	always := redis.NewScript(strings.Replace(src, conditional, "redis.call('PUBLISH', ARGV[5], 'complete')", 1))
 
 	cl := redistest.StartCluster(b, 3)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64})

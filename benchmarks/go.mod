@@ -1,10 +1,11 @@
-module github.com/go-idempotency/idempotency/benchmarks/peers
+module github.com/go-idempotency/idempotency/benchmarks
 
 go 1.24
 
 require (
 	github.com/go-idempotency/idempotency v0.0.0
 	github.com/gofiber/fiber/v2 v2.52.15
+	github.com/redis/go-redis/v9 v9.22.0
 )
 
 require (
@@ -16,7 +17,6 @@ require (
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/mattn/go-runewidth v0.0.16 // indirect
 	github.com/philhofer/fwd v1.1.3-0.20240916144458-20a13a1f6b7c // indirect
-	github.com/redis/go-redis/v9 v9.22.0 // indirect
 	github.com/rivo/uniseg v0.2.0 // indirect
 	github.com/tinylib/msgp v1.2.5 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
@@ -26,4 +26,4 @@ require (
 	golang.org/x/sys v0.30.0 // indirect
 )
 
-replace github.com/go-idempotency/idempotency => ../..
+replace github.com/go-idempotency/idempotency => ../

@@ -1,0 +1,489 @@
+package redistest
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// topologyTimeout bounds how long the Cluster helpers wait for the nodes to
+// agree on a change: a failover or a slot moving to another master.
+const topologyTimeout = 30 * time.Second
+
+// StartClusterWithReplicas starts a Redis Cluster of the given number of
+// masters (at least 3), each with one replica, creates it with redis-cli
+// and waits until every node reports cluster_state:ok, knows every other
+// node, and every replica's link to its master is up. The nodes are stopped
+// when t ends. Which servers become masters is redis-cli's choice: find a
+// slot's master with MasterOf and its replica with ReplicaOf.
+//
+// The nodes run with cluster-node-timeout 3000, so a replica takes over
+// from a master that stopped answering after about 4 seconds.
+func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	need(t, "install redis-server/redis-tools", "redis-server", "redis-cli")
+	if masters < 3 {
+		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
+	}
+	c := &Cluster{}
+	for i := 0; i < 2*masters; i++ {
+		c.Nodes = append(c.Nodes, startClusterNode(t))
+	}
+	args := append(c.Addrs(), "--cluster-replicas", "1", "--cluster-yes")
+	cmd := exec.Command("redis-cli", append([]string{"--cluster", "create"}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, n := range c.Nodes {
+		waitFor(t, "full slot map on "+n.Addr(), func() bool {
+			info, err := Do(n.Addr(), "CLUSTER", "INFO")
+			return err == nil && infoField(info, "cluster_state") == "ok" &&
+				infoField(info, "cluster_slots_ok") == "16384" &&
+				infoField(info, "cluster_known_nodes") == strconv.Itoa(2*masters)
+		})
+	}
+	for _, n := range c.Nodes {
+		waitFor(t, "a settled role on "+n.Addr(), func() bool {
+			info, err := Do(n.Addr(), "INFO", "replication")
+			if err != nil {
+				return false
+			}
+			switch infoField(info, "role") {
+			case "master":
+				return infoField(info, "connected_slaves") == "1"
+			case "slave":
+				return infoField(info, "master_link_status") == "up"
+			}
+			return false
+		})
+	}
+	for _, n := range c.Nodes {
+		waitFor(t, "every role known to "+n.Addr(), func() bool {
+			view, err := c.View(n)
+			if err != nil {
+				return false
+			}
+			replicas := 0
+			for _, v := range view {
+				if !v.Master && v.MasterID != "" && !v.Failed {
+					replicas++
+				}
+			}
+			return replicas == masters
+		})
+	}
+	return c
+}
+
+// ClusterNode is a node of a Cluster as one member sees it: a line of
+// CLUSTER NODES.
+type ClusterNode struct {
+	// ID is the node's ID and Addr its "host:port".
+	ID, Addr string
+	// Master is set for a master; MasterID is the ID of a replica's
+	// master.
+	Master   bool
+	MasterID string
+	// Failed is set when the member considers the node failing ("fail"
+	// or "fail?").
+	Failed bool
+	// Slots are the ranges of slots the node serves, ends included.
+	Slots [][2]int
+}
+
+// Serves reports whether n serves slot.
+func (n ClusterNode) Serves(slot int) bool {
+	for _, r := range n.Slots {
+		if slot >= r[0] && slot <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// View returns the Cluster's nodes as the node s sees them.
+func (c *Cluster) View(s *Server) ([]ClusterNode, error) {
+	text, err := Do(s.Addr(), "CLUSTER", "NODES")
+	if err != nil {
+		return nil, err
+	}
+	return parseClusterNodes(text)
+}
+
+// parseClusterNodes parses the reply of CLUSTER NODES.
+func parseClusterNodes(text string) ([]ClusterNode, error) {
+	var nodes []ClusterNode
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			return nil, fmt.Errorf("redistest: CLUSTER NODES line %q", line)
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		n := ClusterNode{ID: f[0], Addr: addr}
+		for _, flag := range strings.Split(f[2], ",") {
+			switch flag {
+			case "master":
+				n.Master = true
+			case "fail", "fail?":
+				n.Failed = true
+			}
+		}
+		if f[3] != "-" {
+			n.MasterID = f[3]
+		}
+		for _, s := range f[8:] {
+			if strings.HasPrefix(s, "[") { // a slot being migrated or imported
+				continue
+			}
+			lo, hi, isRange := strings.Cut(s, "-")
+			a, err := strconv.Atoi(lo)
+			if err != nil {
+				return nil, fmt.Errorf("redistest: CLUSTER NODES slot %q", s)
+			}
+			b := a
+			if isRange {
+				if b, err = strconv.Atoi(hi); err != nil {
+					return nil, fmt.Errorf("redistest: CLUSTER NODES slot %q", s)
+				}
+			}
+			n.Slots = append(n.Slots, [2]int{a, b})
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}
+
+// Live returns the nodes that are running.
+func (c *Cluster) Live() []*Server {
+	var live []*Server
+	for _, n := range c.Nodes {
+		if n.PID() != 0 {
+			live = append(live, n)
+		}
+	}
+	return live
+}
+
+// Node returns the node listening on addr, or nil.
+func (c *Cluster) Node(addr string) *Server {
+	for _, n := range c.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// ID returns the cluster node ID of s.
+func (c *Cluster) ID(t testing.TB, s *Server) string {
+	t.Helper()
+	id, err := Do(s.Addr(), "CLUSTER", "MYID")
+	if err != nil {
+		t.Fatalf("redistest: CLUSTER MYID on %s: %v", s.Addr(), err)
+	}
+	return id
+}
+
+// KeySlot returns the hash slot of key.
+func (c *Cluster) KeySlot(t testing.TB, key string) int {
+	t.Helper()
+	var lastErr error
+	for _, n := range c.Live() {
+		reply, err := Do(n.Addr(), "CLUSTER", "KEYSLOT", key)
+		if err == nil {
+			slot, err := strconv.Atoi(reply)
+			if err == nil {
+				return slot
+			}
+		}
+		lastErr = err
+	}
+	t.Fatalf("redistest: CLUSTER KEYSLOT: %v", lastErr)
+	return 0
+}
+
+// owner returns the address of the master that every running node sees
+// serving slot, or an error saying why there is none yet.
+func (c *Cluster) owner(slot int) (string, error) {
+	owner := ""
+	for _, n := range c.Live() {
+		view, err := c.View(n)
+		if err != nil {
+			return "", err
+		}
+		seen := ""
+		for _, v := range view {
+			if v.Master && !v.Failed && v.Serves(slot) {
+				seen = v.Addr
+			}
+		}
+		switch {
+		case seen == "":
+			return "", fmt.Errorf("%s sees no master serving slot %d", n.Addr(), slot)
+		case owner == "":
+			owner = seen
+		case seen != owner:
+			return "", fmt.Errorf("nodes disagree on slot %d: %s and %s", slot, owner, seen)
+		}
+	}
+	if owner == "" {
+		return "", errors.New("no node is running")
+	}
+	return owner, nil
+}
+
+// MasterOf returns the master serving slot, once every running node agrees
+// on it.
+func (c *Cluster) MasterOf(t testing.TB, slot int) *Server {
+	t.Helper()
+	var addr string
+	var err error
+	if !WaitFor(topologyTimeout, func() bool { addr, err = c.owner(slot); return err == nil }) {
+		t.Fatalf("redistest: master of slot %d: %v", slot, err)
+	}
+	s := c.Node(addr)
+	if s == nil {
+		t.Fatalf("redistest: slot %d served by %s, which is not a node of the cluster", slot, addr)
+	}
+	return s
+}
+
+// ReplicaOf returns the running replica of master, as master sees it.
+func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
+	t.Helper()
+	replicas, err := c.Replicas(master)
+	if err != nil {
+		t.Fatalf("redistest: replicas of %s: %v", master.Addr(), err)
+	}
+	if len(replicas) == 0 {
+		t.Fatalf("redistest: %s has no running replica", master.Addr())
+	}
+	return replicas[0]
+}
+
+// Replicas returns the running replicas of master, as master sees them.
+func (c *Cluster) Replicas(master *Server) ([]*Server, error) {
+	id, err := Do(master.Addr(), "CLUSTER", "MYID")
+	if err != nil {
+		return nil, err
+	}
+	view, err := c.View(master)
+	if err != nil {
+		return nil, err
+	}
+	var replicas []*Server
+	for _, v := range view {
+		if v.MasterID == id && !v.Failed {
+			if s := c.Node(v.Addr); s != nil && s.PID() != 0 {
+				replicas = append(replicas, s)
+			}
+		}
+	}
+	return replicas, nil
+}
+
+// WaitMasterOf waits until every running node agrees that a master other
+// than old serves slot (after old failed, its replica takes over), and
+// returns it. It fails t after timeout.
+func (c *Cluster) WaitMasterOf(t testing.TB, slot int, old *Server, timeout time.Duration) *Server {
+	t.Helper()
+	var addr string
+	var err error
+	if !WaitFor(timeout, func() bool {
+		addr, err = c.owner(slot)
+		if err == nil && addr == old.Addr() {
+			err = fmt.Errorf("slot %d still served by %s", slot, addr)
+		}
+		return err == nil
+	}) {
+		t.Fatalf("redistest: new master of slot %d: %v", slot, err)
+	}
+	return c.Node(addr)
+}
+
+// BeginSlotMigration marks slot as importing on to and migrating on from,
+// the first step of moving it: from then answers ASK, pointing to to, for
+// the keys of the slot it no longer holds.
+func (c *Cluster) BeginSlotMigration(t testing.TB, slot int, from, to *Server) {
+	t.Helper()
+	s := strconv.Itoa(slot)
+	if _, err := Do(to.Addr(), "CLUSTER", "SETSLOT", s, "IMPORTING", c.ID(t, from)); err != nil {
+		t.Fatalf("redistest: SETSLOT %d IMPORTING on %s: %v", slot, to.Addr(), err)
+	}
+	if _, err := Do(from.Addr(), "CLUSTER", "SETSLOT", s, "MIGRATING", c.ID(t, to)); err != nil {
+		t.Fatalf("redistest: SETSLOT %d MIGRATING on %s: %v", slot, from.Addr(), err)
+	}
+}
+
+// MigrateSlotKeys moves every key of slot from from to to with MIGRATE.
+func (c *Cluster) MigrateSlotKeys(t testing.TB, slot int, from, to *Server) {
+	t.Helper()
+	for {
+		reply, err := Do(from.Addr(), "CLUSTER", "GETKEYSINSLOT", strconv.Itoa(slot), "100")
+		if err != nil {
+			t.Fatalf("redistest: GETKEYSINSLOT %d on %s: %v", slot, from.Addr(), err)
+		}
+		if reply == "" {
+			return
+		}
+		args := []string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port()), "", "0", "5000", "KEYS"}
+		args = append(args, strings.Split(reply, "\n")...)
+		if _, err := Do(from.Addr(), args...); err != nil {
+			t.Fatalf("redistest: MIGRATE from %s to %s: %v", from.Addr(), to.Addr(), err)
+		}
+	}
+}
+
+// FinishSlotMigration assigns slot to to on every running master, to
+// first, and waits until every running node agrees. from then answers
+// MOVED for the slot's keys.
+func (c *Cluster) FinishSlotMigration(t testing.TB, slot int, to *Server) {
+	t.Helper()
+	toID := c.ID(t, to)
+	masters := []*Server{to}
+	for _, n := range c.Live() {
+		info, err := Do(n.Addr(), "INFO", "replication")
+		if err == nil && infoField(info, "role") == "master" && n != to {
+			masters = append(masters, n)
+		}
+	}
+	for _, m := range masters {
+		if _, err := Do(m.Addr(), "CLUSTER", "SETSLOT", strconv.Itoa(slot), "NODE", toID); err != nil {
+			t.Fatalf("redistest: SETSLOT %d NODE on %s: %v", slot, m.Addr(), err)
+		}
+	}
+	if got := c.MasterOf(t, slot); got != to {
+		t.Fatalf("redistest: slot %d served by %s after migrating it to %s", slot, got.Addr(), to.Addr())
+	}
+}
+
+// MigrateSlot moves slot and its keys from from to to: BeginSlotMigration,
+// MigrateSlotKeys and FinishSlotMigration.
+func (c *Cluster) MigrateSlot(t testing.TB, slot int, from, to *Server) {
+	t.Helper()
+	c.BeginSlotMigration(t, slot, from, to)
+	c.MigrateSlotKeys(t, slot, from, to)
+	c.FinishSlotMigration(t, slot, to)
+}
+
+// OtherMaster returns a running master other than m: one with a running
+// replica when there is one.
+func (c *Cluster) OtherMaster(t testing.TB, m *Server) *Server {
+	t.Helper()
+	var other *Server
+	for _, n := range c.Live() {
+		info, err := Do(n.Addr(), "INFO", "replication")
+		if err != nil || infoField(info, "role") != "master" || n == m {
+			continue
+		}
+		if r, err := c.Replicas(n); err == nil && len(r) > 0 {
+			return n
+		}
+		other = n
+	}
+	if other == nil {
+		t.Fatalf("redistest: no running master other than %s", m.Addr())
+	}
+	return other
+}
+
+// Failover makes master's replica take over with CLUSTER FAILOVER (a
+// manual failover: the two agree, no write is lost) and waits until the
+// roles have swapped: the old master replicates from the new one, and every
+// running node sees the new master serve slot (one of master's slots) and
+// the old master as its replica. It returns the new master.
+func (c *Cluster) Failover(t testing.TB, master *Server, slot int) *Server {
+	t.Helper()
+	replica := c.ReplicaOf(t, master)
+	newID := c.ID(t, replica)
+	if _, err := Do(replica.Addr(), "CLUSTER", "FAILOVER"); err != nil {
+		t.Fatalf("redistest: CLUSTER FAILOVER on %s: %v", replica.Addr(), err)
+	}
+	var why string
+	if !WaitFor(topologyTimeout, func() bool {
+		info, err := Do(master.Addr(), "INFO", "replication")
+		if err != nil || infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" ||
+			infoField(info, "master_port") != strconv.Itoa(replica.Port()) {
+			why = "the old master does not replicate from the new one"
+			return false
+		}
+		owner, err := c.owner(slot)
+		if err != nil || owner != replica.Addr() {
+			why = fmt.Sprintf("slot %d: %s %v", slot, owner, err)
+			return false
+		}
+		for _, n := range c.Live() {
+			view, err := c.View(n)
+			if err != nil {
+				return false
+			}
+			for _, v := range view {
+				if v.Addr == master.Addr() && v.MasterID != newID {
+					why = n.Addr() + " does not see the old master as a replica yet"
+					return false
+				}
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("redistest: failover of %s to %s: %s", master.Addr(), replica.Addr(), why)
+	}
+	return replica
+}
+
+// Kill stops the server with SIGKILL, as a crash would, and waits for it to
+// exit. Killing a stopped server does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	p, exited := s.cmd.Process, s.exited
+	s.cmd = nil
+	_ = p.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+// AddMaster starts a node, joins it to the Cluster as a master serving no
+// slot (CLUSTER MEET), adds it to Nodes and waits until every running node
+// knows every other. Move slots to it with MigrateSlot. The node is
+// stopped when t ends: pass the test that owns the Cluster.
+func (c *Cluster) AddMaster(t testing.TB) *Server {
+	t.Helper()
+	live := c.Live()
+	if len(live) == 0 {
+		t.Fatal("redistest: AddMaster: no node is running")
+	}
+	n := startClusterNode(t)
+	if _, err := Do(live[0].Addr(), "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port())); err != nil {
+		t.Fatalf("redistest: CLUSTER MEET %s: %v", n.Addr(), err)
+	}
+	c.Nodes = append(c.Nodes, n)
+	waitFor(t, "full slot map on "+n.Addr(), func() bool {
+		info, err := Do(n.Addr(), "CLUSTER", "INFO")
+		return err == nil && infoField(info, "cluster_state") == "ok" && infoField(info, "cluster_slots_ok") == "16384"
+	})
+	for _, m := range c.Live() {
+		waitFor(t, m.Addr()+" knowing every node", func() bool {
+			view, err := c.View(m)
+			if err != nil {
+				return false
+			}
+			known := 0
+			for _, v := range view {
+				// A node still in handshake has neither role yet.
+				if (v.Master || v.MasterID != "") && !v.Failed && c.Node(v.Addr) != nil && c.Node(v.Addr).PID() != 0 {
+					known++
+				}
+			}
+			return known == len(c.Live())
+		})
+	}
+	return n
+}

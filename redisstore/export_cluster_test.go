@@ -1,0 +1,7 @@
+package redisstore
+
+// Unexported parts of the Cluster code, for its tests.
+var (
+	SameAddr      = sameAddr
+	TopologyError = topologyError
+)
