@@ -387,12 +387,17 @@ func (s *Store) reserve(size int64) bool {
 	if !s.take(size) {
 		return false
 	}
-	if s.count.Add(1) > s.maxEntries {
-		s.count.Add(-1)
-		s.bytes.Add(-size)
-		return false
+	for {
+		n := s.count.Load()
+		if n >= s.maxEntries {
+			s.bytes.Add(-size)
+			return false
+		}
+		// Never above the bound, not even for a moment: Len reports it.
+		if s.count.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	return true
 }
 
 // take adds n to the byte total when that keeps it within the bound, and
