@@ -41,6 +41,15 @@ var (
 		"the idempotency store answered too slowly; retry later", time.Second, EventStoreError}
 	answerStoreUnavailable = answer{http.StatusServiceUnavailable, CodeStoreUnavailable,
 		"the idempotency store cannot be reached; retry later", time.Second, EventStoreError}
+
+	// Transactional routes (WithTransaction): nothing was committed, or the
+	// commit's outcome is unknown.
+	answerLeaseLost = answer{http.StatusServiceUnavailable, CodeLeaseLost,
+		"another request took this Idempotency-Key over; nothing was committed; retry later", time.Second, EventLeaseLost}
+	answerOutcomeUnknown = answer{http.StatusServiceUnavailable, CodeOutcomeUnknown,
+		"the outcome could not be confirmed; retry with the same Idempotency-Key: a retry replays the response if it was stored, or runs the request again if nothing was", time.Second, EventStoreError}
+	answerResponseTooLarge = answer{http.StatusInternalServerError, CodeResponseTooLarge,
+		"the response is too large to be stored; nothing was committed", 0, EventReleased}
 )
 
 // conflictRetryAfter is the Retry-After of a 409. The original usually ends

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -23,6 +24,9 @@ func New(store Store, opts ...Option) func(http.Handler) http.Handler {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if _, ok := store.(TxStore); cfg.transaction && !ok {
+		panic("idempotency: WithTransaction needs a TxStore")
 	}
 	return func(next http.Handler) http.Handler {
 		return &handler{store: store, cfg: cfg, next: next}
@@ -46,13 +50,15 @@ func (h *handler) covers(method string) bool {
 
 // request is the state of one covered request with a key.
 type request struct {
-	h        *handler
-	w        http.ResponseWriter
-	r        *http.Request
-	start    time.Time
-	claim    AcquireRequest // key, token, fingerprint, lease and TTL of every store call
-	sent     time.Time      // when the last Acquire was sent: the lease counts from it
-	recorder recorder
+	h            *handler
+	w            http.ResponseWriter
+	r            *http.Request
+	start        time.Time
+	claim        AcquireRequest // key, token, fingerprint, lease and TTL of every store call
+	sent         time.Time      // when the last Acquire was sent: the lease counts from it
+	recorder     recorder
+	key          string      // the client's key
+	headerBefore http.Header // transactional routes: the response headers before the handler ran
 }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
@@ -102,6 +108,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.keyScope != nil {
 		scope = h.cfg.keyScope(r)
 	}
+	rq.key = key
 	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, content)
 	rq.claim = AcquireRequest{
 		Key:         storageKey,
@@ -187,7 +194,21 @@ func (rq *request) execute(acq Acquisition) {
 		e.Epoch = acq.Epoch
 		rq.h.cfg.emit(e, rq.start)
 	}
-	l, lost := rq.runHandler()
+	var tx Tx
+	if rq.h.cfg.transaction {
+		var ok bool
+		if tx, ok = rq.beginTx(); !ok {
+			return
+		}
+	}
+	if tx != nil {
+		rq.headerBefore = rq.w.Header().Clone()
+	}
+	l, lost := rq.runHandler(acq.Epoch, tx)
+	if tx != nil {
+		rq.commitOutcome(l, lost, acq.Epoch, tx)
+		return
+	}
 	rq.storeOutcome(l, lost, acq.Epoch)
 }
 
@@ -212,13 +233,18 @@ func (rq *request) storeContext() context.Context { return context.WithoutCancel
 // lease cancels when it is lost, and the recorder. When the handler panics
 // it releases the key and re-raises the panic. It returns the stopped lease
 // and the loss, if the lease was lost.
-func (rq *request) runHandler() (*lease, error) {
+func (rq *request) runHandler(epoch uint64, tx Tx) (*lease, error) {
 	cfg := &rq.h.cfg
-	ctx, cancel := context.WithCancelCause(rq.r.Context())
+	info := &Info{Key: rq.key, StorageKey: rq.claim.Key, Epoch: epoch}
+	if tx != nil {
+		info.Tx = tx.Handle()
+	}
+	ctx, cancel := context.WithCancelCause(context.WithValue(rq.r.Context(), infoKey{}, info))
 	defer cancel(nil)
 	l := &lease{store: rq.h.store, ctx: rq.storeContext(), key: rq.claim.Key, token: rq.claim.Token, length: cfg.lease, lose: cancel}
 	l.start(rq.sent)
-	rq.recorder = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie, head: rq.r.Method == http.MethodHead}
+	rq.recorder = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie,
+		head: rq.r.Method == http.MethodHead, whole: tx != nil}
 
 	panicked := true
 	defer func() {
@@ -229,6 +255,9 @@ func (rq *request) runHandler() (*lease, error) {
 		lost := rq.stopLease(l)
 		sctx, cancel := context.WithDeadline(l.ctx, l.storeDeadline())
 		defer cancel()
+		if tx != nil {
+			_ = tx.Rollback(sctx)
+		}
 		if err := rq.release(sctx); err != nil {
 			rq.storeFailed(err, "release", lost)
 		}
@@ -269,6 +298,76 @@ func (rq *request) storeOutcome(l *lease, lost error, epoch uint64) {
 	e := rq.event(EventExecuted, rec.status, nil)
 	e.Epoch = epoch
 	rq.h.cfg.emit(e, rq.start)
+}
+
+// beginTx begins the request's transaction on a transactional route. When
+// it cannot, it releases the key, answers 503 and reports false.
+func (rq *request) beginTx() (Tx, bool) {
+	ctx, cancel := context.WithTimeout(rq.storeContext(), rq.h.cfg.lease/3)
+	defer cancel()
+	tx, err := rq.h.store.(TxStore).BeginTx(ctx, rq.claim.Key, rq.claim.Token)
+	if err == nil {
+		return tx, true
+	}
+	if rerr := rq.release(ctx); rerr != nil {
+		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", rerr))
+	}
+	rq.give(answerStoreUnavailable, fmt.Errorf("idempotency: begin transaction: %w", err))
+	return nil, false
+}
+
+// commitOutcome ends a transactional route: it completes the record in the
+// handler's transaction and commits, then sends the held response; or rolls
+// everything back and releases the key (a 5xx, a response over the cap);
+// or, when the commit was refused or its outcome is unknown, answers with
+// a problem instead of the response.
+func (rq *request) commitOutcome(l *lease, lost error, epoch uint64, tx Tx) {
+	rec := &rq.recorder
+	ctx, cancel := context.WithDeadline(l.ctx, l.storeDeadline())
+	defer cancel()
+	abandon := func() {
+		_ = tx.Rollback(ctx)
+		if err := rq.release(ctx); err != nil {
+			rq.storeFailed(err, "release", lost)
+		}
+	}
+	switch {
+	case rec.tooLarge:
+		abandon()
+		rq.discardResponse()
+		rq.give(answerResponseTooLarge, errResponseTooLarge)
+	case rec.status < 200 || rq.h.cfg.releaseStatus(rec.status):
+		abandon()
+		rec.finish()
+		rq.emit(EventReleased, rec.status, nil)
+	default:
+		err := tx.Complete(ctx, rec.response(), rq.h.cfg.ttl)
+		switch {
+		case err == nil:
+			rec.finish()
+			e := rq.event(EventExecuted, rec.status, nil)
+			e.Epoch = epoch
+			rq.h.cfg.emit(e, rq.start)
+		case errors.Is(err, ErrLeaseLost):
+			_ = tx.Rollback(ctx)
+			rq.discardResponse()
+			rq.give(answerLeaseLost, err)
+		default:
+			// Either both the handler's writes and the record landed, or
+			// neither did: a release frees the key only in the second case.
+			abandon()
+			rq.discardResponse()
+			rq.give(answerOutcomeUnknown, fmt.Errorf("idempotency: commit: %w", err))
+		}
+	}
+}
+
+// discardResponse drops a held response, so that a problem can be written
+// instead: the headers the handler set go, those set before it stay.
+func (rq *request) discardResponse() {
+	h := rq.w.Header()
+	clear(h)
+	maps.Copy(h, rq.headerBefore)
 }
 
 // complete stores resp, retrying a Complete whose outcome is unknown (a

@@ -22,6 +22,7 @@ type config struct {
 	storeSetCookie  bool
 	releaseStatus   func(int) bool
 	failOpen        bool
+	transaction     bool
 	errorHandler    ErrorHandler
 	observer        func(Event)
 	logger          *slog.Logger
@@ -174,6 +175,21 @@ func WithReleaseStatus(release func(status int) bool) Option {
 // Default: false (fail closed).
 func WithFailOpen(open bool) Option {
 	return func(c *config) { c.failOpen = open }
+}
+
+// WithTransaction makes the route's handler run in a transaction of the
+// store, which must be a TxStore (New panics otherwise): the handler writes
+// through Info.Tx (FromContext), and the middleware completes the record
+// in the same transaction and commits. The client gets the response only
+// after the commit: the response is held in full (streaming and Flush wait
+// for the commit; Hijack is refused), and one over WithMaxResponseBody
+// rolls everything back and answers 500 response_too_large. A 5xx or a
+// panic rolls the transaction back and releases the key; a lost lease or a
+// commit of unknown outcome answer 503 (lease_lost, outcome_unknown), and
+// a retry with the same key then replays or runs once more, never twice.
+// Default: false.
+func WithTransaction(on bool) Option {
+	return func(c *config) { c.transaction = on }
 }
 
 // WithErrorHandler replaces the function that writes problem responses.

@@ -23,6 +23,9 @@ const (
 	CodeStoreUnavailable    Code = "store_unavailable"    // 503: the store could not be reached
 	CodeStoreFull           Code = "store_full"           // 503: the store has no room for a new record
 	CodeRecordUnreadable    Code = "record_unreadable"    // 500: the stored record cannot be decoded
+	CodeLeaseLost           Code = "lease_lost"           // 503: transactional route: another request took the key over; nothing was committed
+	CodeOutcomeUnknown      Code = "outcome_unknown"      // 503: transactional route: the commit's outcome is unknown; retry with the same key
+	CodeResponseTooLarge    Code = "response_too_large"   // 500: transactional route: the response is over the store cap; nothing was committed
 )
 
 // ProblemTypeBase prefixes the code in a Problem's Type.
@@ -55,6 +58,9 @@ var problemTitles = map[Code]string{
 	CodeStoreUnavailable:    "Idempotency store unavailable",
 	CodeStoreFull:           "Idempotency store full",
 	CodeRecordUnreadable:    "Stored response unreadable",
+	CodeLeaseLost:           "Request taken over",
+	CodeOutcomeUnknown:      "Outcome unknown",
+	CodeResponseTooLarge:    "Response too large to store",
 }
 
 func newProblem(status int, code Code, detail string) *Problem {

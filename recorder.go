@@ -38,6 +38,7 @@ type recorder struct {
 	limit     int  // the store cap
 	setCookie bool // store Set-Cookie
 	head      bool // the request is a HEAD
+	whole     bool // hold the whole response until release (transactional routes)
 
 	status int
 	header http.Header // stored: as it was when the status was written
@@ -49,7 +50,15 @@ type recorder struct {
 	omitted     bool // the body is over the cap
 	failed      bool // a write or flush to the client failed while the handler ran
 	hijacked    bool
+	tooLarge    bool // whole: the response went over the cap
 }
+
+// Errors a handler's writes get on a transactional route (see
+// WithTransaction), where the response is held until the commit.
+var (
+	errResponseTooLarge = errors.New("idempotency: the response is over the store cap of a transactional route")
+	errHijackHeld       = errors.New("idempotency: a transactional route cannot hand over its connection")
+)
 
 // Header returns the client's header map. Once the status is written and
 // while the response is held back, it returns a copy instead, so that, as
@@ -93,6 +102,14 @@ func (rec *recorder) WriteHeader(code int) {
 func (rec *recorder) Write(p []byte) (int, error) {
 	if !rec.wroteHeader {
 		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.whole {
+		if rec.tooLarge || len(rec.body)+len(p) > rec.limit {
+			rec.tooLarge = true
+			return 0, errResponseTooLarge
+		}
+		rec.body = append(rec.body, p...)
+		return len(p), nil
 	}
 	if !rec.passing {
 		if !rec.omitted && len(rec.body)+len(p) <= min(holdLimit, rec.limit) {
@@ -183,6 +200,9 @@ func (rec *recorder) FlushError() error {
 	if !rec.wroteHeader {
 		rec.WriteHeader(http.StatusOK)
 	}
+	if rec.whole {
+		return nil // held until the commit
+	}
 	var err error
 	if !rec.passing {
 		err = rec.pass(false)
@@ -203,6 +223,9 @@ func (rec *recorder) Flush() { _ = rec.FlushError() }
 // response then cannot be known, so the key is released when the handler
 // returns.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if rec.whole {
+		return nil, nil, errHijackHeld
+	}
 	if rec.wroteHeader && !rec.passing {
 		rec.pass(false)
 	}

@@ -92,6 +92,44 @@ type Store interface {
 	Watch(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
 }
 
+// TxStore is a Store that can write a key's COMPLETE record in the same
+// transaction as the handler's own writes (package pgstore does, on
+// PostgreSQL). On routes with WithTransaction, the middleware begins the
+// transaction once it holds the lease, hands it to the handler through the
+// request's context (Info.Tx, from FromContext), and after the handler
+// returns either completes the record in it and commits, or rolls it back
+// and releases the key. The handler's writes and the record then commit
+// together or not at all: a database side effect happens exactly once,
+// whatever crashes, stalls or steals happen in between.
+//
+// A third-party SQL store implements TxStore by fencing inside the
+// transaction: Complete must update the record only where it is still
+// IN_PROGRESS under the token given to BeginTx (a row lock then orders it
+// against a concurrent steal), and roll back with ErrLeaseLost otherwise.
+type TxStore interface {
+	Store
+	// BeginTx starts a transaction for the request that holds the record
+	// at key with token. ctx bounds the begin only.
+	BeginTx(ctx context.Context, key, token string) (Tx, error)
+}
+
+// Tx is one request's transaction on a TxStore.
+type Tx interface {
+	// Handle returns what handlers write with (for pgstore, a pgx.Tx); it is
+	// Info.Tx in the handler's context.
+	Handle() any
+	// Complete writes resp as the record's COMPLETE payload, kept for ttl
+	// from now, fenced by the token given to BeginTx, and commits. It
+	// returns ErrLeaseLost, with everything rolled back, when the record is
+	// no longer IN_PROGRESS under that token. Any other error leaves the
+	// commit's outcome unknown: both the handler's writes and the record
+	// landed, or neither did.
+	Complete(ctx context.Context, resp *Response, ttl time.Duration) error
+	// Rollback abandons the transaction. It is safe to call after Complete
+	// and more than once.
+	Rollback(ctx context.Context) error
+}
+
 // AcquireRequest holds the arguments of Store.Acquire.
 type AcquireRequest struct {
 	// Key is the storage key: bounded, free of client bytes.
