@@ -8,14 +8,15 @@
 -- ARGV[4]  key expiry of a new lease, in milliseconds: the later of the
 --          lease and the TTL (>= ARGV[3])
 --
--- Reply (always an array):
---   {1, epoch}                 acquired: no live record; fresh lease, epoch 1
---   {2, epoch}                 stolen: the lease had expired; epoch + 1
---   {3, epoch, meta, body}     completed: the stored payload, for replay
---   {4, epoch, remaining_ms}   in flight under another token's live lease
---   {5}                        mismatch: another fingerprint; nothing changed
---   {-1, message}              the value under the key is not a record;
---                              nothing changed
+-- Reply (always an array): a code, named by the Go constant after it (in
+-- scripts.go; TestReplyCodes checks that the two agree), then data.
+--   {1, epoch}                 acquireAcquired: no live record; fresh lease, epoch 1
+--   {2, epoch}                 acquireStolen: the lease had expired; epoch + 1
+--   {3, epoch, meta, body}     acquireCompleted: the stored payload, for replay
+--   {4, epoch, remaining_ms}   acquireInFlight: another token's lease is live
+--   {5}                        acquireMismatch: another fingerprint; nothing changed
+--   {-1, message}              replyCorrupt: the value under the key is not a
+--                              record; nothing changed
 --
 -- A retried call with the token that holds the record (same fingerprint)
 -- gets {1, epoch} or {2, epoch} again, with the same epoch, and renews the
@@ -30,19 +31,29 @@
 -- its writes (a new record, a steal, a renewal) are refused there with an
 -- OOM error, before anything is written.
 --
--- Stored numbers are parsed strictly, since Lua's tonumber also accepts
--- " 1", "1.5", "1e3", "0x10", "nan" and "inf": epoch is 1 to 15 decimal
--- digits without a leading zero (an exact integer as a Lua number, which is
--- a double); lease is "seconds:microseconds:ms" with 1 to 12, 1 to 6 and 1
--- to 13 decimal digits (13 digits hold the longest Go duration in ms), so
--- every sum below stays under 2^53. Anything else is reported as {-1, ...}.
+-- The lease field holds the lease's end: Unix time in milliseconds on the
+-- clock of the server that wrote it (TIME), written with
+-- string.format('%d', ...) because tostring turns numbers of 15 digits and
+-- more into "1e+14" forms. The previous version of this store wrote
+-- "seconds:microseconds:ms" instead (TIME when the lease was taken or
+-- extended, and its length); an in-progress record it wrote may still be in
+-- Redis during an upgrade, so that form is read too, and the lease then ends
+-- at that time plus ms. The next write of the lease (a renewal, a steal, an
+-- extend) replaces it with the new form.
 --
--- Redis formats and parses numbers with the C library, which costs more
--- than a field read. So the lease is written as TIME's own strings and the
--- caller's lease argument ("seconds:microseconds:lease_ms"), the expiry is
--- the caller's argument as it came, and numbers are parsed only on the paths
--- that compare them. An in-progress record's TTL deadline is its key's
--- expiry: when both it and the lease have passed, Redis has purged the key.
+-- Stored numbers are parsed strictly, since Lua's tonumber also accepts
+-- " 1", "1.5", "1e3", "0x10", "nan" and "inf". Epoch is 1 to 15 decimal
+-- digits without a leading zero (an exact integer as a Lua number, which is
+-- a double). The lease's end is 1 to 15 decimal digits without a leading
+-- zero: below 10^15 ms (the year 33658), so it and the server's time plus
+-- the longest lease (13 digits, the longest Go duration in ms) stay exact
+-- integers, far below 2^53. The previous form has 1 to 12, 1 to 6 and 1 to
+-- 13 decimal digits, which keeps its sum below 2^53 too. Anything else is
+-- reported as {-1, ...}.
+--
+-- An in-progress record's TTL deadline is its key's expiry: when both it and
+-- the lease have passed, Redis has purged the key. The expiry is the
+-- caller's argument as it came.
 
 local key, token, fp = KEYS[1], ARGV[1], ARGV[2]
 
@@ -55,6 +66,24 @@ local max_epoch = 999999999999999
 local function parse_epoch(v)
   if not v or #v > 15 or not string.find(v, '^[1-9][0-9]*$') then return nil end
   return tonumber(v)
+end
+
+-- lease_end returns the end of the lease in the lease field v, in
+-- milliseconds on the server's clock, or nil unless v is 1 to 15 decimal
+-- digits without a leading zero, or the previous version's
+-- "seconds:microseconds:ms" of 1 to 12, 1 to 6 and 1 to 13 decimal digits.
+local function lease_end(v)
+  if not v then return nil end
+  if #v <= 15 and string.find(v, '^[1-9][0-9]*$') then return tonumber(v) end
+  local s, us, len = string.match(v, '^([0-9]+):([0-9]+):([0-9]+)$')
+  if not s or #s > 12 or #us > 6 or #len > 13 then return nil end
+  return tonumber(s) * 1000 + math.floor(tonumber(us) / 1000) + tonumber(len)
+end
+
+-- now_ms returns the server's time (TIME) in whole Unix milliseconds.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- One read serves every case, and a replay needs nothing else.
@@ -74,16 +103,18 @@ if state == 'complete' then
   return {3, epoch, f[4], f[5]}
 end
 
--- take writes a fresh lease at epoch e (a string), taken at server time t.
-local function take(e, t)
+local lease_ms = tonumber(ARGV[3])
+
+-- take writes a fresh lease at epoch e (a string), taken at server time now.
+local function take(e, now)
   redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
-    'epoch', e, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[3])
+    'epoch', e, 'lease', string.format('%d', now + lease_ms))
   redis.call('PEXPIRE', key, ARGV[4])
 end
 
 if not state then
   if redis.call('EXISTS', key) == 1 then return {-1, 'field state is missing'} end
-  take('1', redis.call('TIME'))
+  take('1', now_ms())
   return {1, 1}
 end
 if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
@@ -91,22 +122,18 @@ if not rfp then return {-1, 'field fp is missing'} end
 if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
 local holder = f[6]
 if not holder then return {-1, 'field token is missing'} end
-local s, us, len = string.match(f[7] or '', '^([0-9]+):([0-9]+):([0-9]+)$')
-if not s or #s > 12 or #us > 6 or #len > 13 then
-  return {-1, 'field lease is missing or malformed'}
-end
+local lease_at = lease_end(f[7])
+if not lease_at then return {-1, 'field lease is missing or malformed'} end
 
 if rfp ~= fp then return {5} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_at = tonumber(s) * 1000 + math.floor(tonumber(us) / 1000) + tonumber(len)
+local now = now_ms()
 if holder == token then
   -- A retry by the holder: the lease runs at least ARGV[3] from now, and
   -- the key lives at least as long (a key without expiry keeps none).
-  if now + tonumber(ARGV[3]) > lease_at then
-    redis.call('HSET', key, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[3])
+  if now + lease_ms > lease_at then
+    redis.call('HSET', key, 'lease', string.format('%d', now + lease_ms))
     local pttl = redis.call('PTTL', key)
-    if pttl >= 0 and pttl < tonumber(ARGV[3]) then
+    if pttl >= 0 and pttl < lease_ms then
       redis.call('PEXPIRE', key, ARGV[3])
     end
   end
@@ -115,7 +142,7 @@ if holder == token then
 end
 if now >= lease_at then
   if epoch >= max_epoch then return {-1, 'field epoch is at its maximum'} end
-  take(string.format('%d', epoch + 1), t)
+  take(string.format('%d', epoch + 1), now)
   return {2, epoch + 1}
 end
 return {4, epoch, lease_at - now}

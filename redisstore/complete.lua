@@ -16,10 +16,11 @@
 -- ARGV[4]  body
 -- ARGV[5]  channel to publish on
 --
--- Reply (always an array):
---   {1}            completed (or already completed by this token: a retry)
---   {0}            lease lost: absent, or held by another token
---   {-1, message}  the value under the key is not a record
+-- Reply (always an array): a code, named by the Go constant after it (in
+-- scripts.go; TestReplyCodes checks that the two agree), then data.
+--   {1}            fencedOK: completed (or already completed by this token: a retry)
+--   {0}            fencedLost: the lease is lost: absent, or held by another token
+--   {-1, message}  replyCorrupt: the value under the key is not a record
 
 local key, token = KEYS[1], ARGV[1]
 

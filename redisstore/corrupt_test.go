@@ -25,8 +25,8 @@ func TestCorruptRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	lease := fmt.Sprintf("%d:0:3600000", time.Now().Unix())                // ends in an hour
-	expired := fmt.Sprintf("%d:0:1000", time.Now().Add(-time.Hour).Unix()) // ran out an hour ago
+	lease := fmt.Sprint(time.Now().Add(time.Hour).UnixMilli())    // ends in an hour
+	expired := fmt.Sprint(time.Now().Add(-time.Hour).UnixMilli()) // ran out an hour ago
 	validMeta := func() string {
 		// A real meta block, taken from a completed record.
 		key := randKey()
@@ -57,9 +57,6 @@ func TestCorruptRecords(t *testing.T) {
 		},
 		"in progress with a malformed lease": func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", "soon")
-		},
-		"in progress with a lease in Unix milliseconds": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", time.Now().Add(time.Hour).UnixMilli())
 		},
 		"complete without meta": func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "body", "x")
@@ -95,10 +92,30 @@ func TestCorruptRecords(t *testing.T) {
 			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", epoch, "meta", validMeta, "body", "x")
 		}
 	}
-	// A lease is seconds:microseconds:ms, of at most 12, 6 and 13 decimal
-	// digits.
+	// A lease is its end in Unix milliseconds, 1 to 15 decimal digits
+	// without a leading zero, or the previous form, seconds:microseconds:ms,
+	// of at most 12, 6 and 13 decimal digits. Here the leases that would
+	// otherwise be read have run out: a store reading them would steal.
 	huge := strings.Repeat("9", 400)
+	past := time.Now().Add(-time.Hour).UnixMilli()
 	for _, l := range []string{
+		"0",
+		"0" + expired,
+		"1000000000000000",
+		huge,
+		"-" + expired,
+		"+" + expired,
+		" " + expired,
+		expired + " ",
+		expired + "\n",
+		expired + ".0",
+		expired + ":0",
+		fmt.Sprintf("%.6e", float64(past)),
+		fmt.Sprintf("0x%x", past),
+		"1e3",
+		"nan",
+		"inf",
+		"",
 		huge + ":0:1000",
 		fmt.Sprintf("%d:%s:1000", time.Now().Unix(), huge),
 		fmt.Sprintf("%d:0:%s", time.Now().Unix(), huge),
@@ -188,7 +205,7 @@ func TestExtremeRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	live := fmt.Sprintf("%d:999999:3600000", time.Now().Unix())
+	live := fmt.Sprint(time.Now().Add(time.Hour).UnixMilli())
 
 	key := randKey()
 	c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", live)
@@ -205,7 +222,7 @@ func TestExtremeRecords(t *testing.T) {
 	// written. The holder's retry still renews its lease.
 	key = randKey()
 	rkey := s.RecordKey(key)
-	expired := fmt.Sprintf("%d:0:1000", time.Now().Add(-time.Hour).Unix())
+	expired := fmt.Sprint(time.Now().Add(-time.Hour).UnixMilli())
 	c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", expired)
 	before := c.HGetAll(ctx, rkey).Val()
 	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {
@@ -217,13 +234,19 @@ func TestExtremeRecords(t *testing.T) {
 	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
 	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
 
-	// A lease ending in the year 33658, as long as a Go duration can be.
-	key = randKey()
-	c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 7,
-		"lease", fmt.Sprintf("999999999999:999999:%d", int64(math.MaxInt64)/int64(time.Millisecond)))
-	a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
-	if a.Epoch != 7 || a.LeaseRemaining != math.MaxInt64 {
-		t.Errorf("in flight under the longest lease: %+v, want LeaseRemaining %v", a, time.Duration(math.MaxInt64))
+	// The latest lease end read, 15 digits (the year 33658), and the
+	// latest in the previous form, also as long as a Go duration can be:
+	// far more than a Duration holds.
+	for _, lease := range []string{
+		"999999999999999",
+		fmt.Sprintf("999999999999:999999:%d", int64(math.MaxInt64)/int64(time.Millisecond)),
+	} {
+		key = randKey()
+		c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 7, "lease", lease)
+		a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+		if a.Epoch != 7 || a.LeaseRemaining != math.MaxInt64 {
+			t.Errorf("in flight under the lease %q: %+v, want LeaseRemaining %v", lease, a, time.Duration(math.MaxInt64))
+		}
 	}
 }
 
@@ -257,7 +280,7 @@ func TestCorruptRecordOverHTTP(t *testing.T) {
 	// accepts: a stolen record with epoch 2^63 whose lease ran out, and a
 	// completed one with epoch "nan".
 	for key, fields := range map[string][]any{
-		"k-steal":  {"state", "in_progress", "token", "gone", "epoch", "9223372036854775808", "lease", "1:0:1"},
+		"k-steal":  {"state", "in_progress", "token", "gone", "epoch", "9223372036854775808", "lease", "1"},
 		"k-replay": {"epoch", "nan"},
 	} {
 		if resp, _ := post(t, srv.URL, key, "body"); resp.StatusCode != http.StatusCreated {

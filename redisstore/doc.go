@@ -18,11 +18,15 @@
 //	fp          request fingerprint
 //	epoch       1 for the first lease, +1 for each steal (1 to 15 decimal
 //	            digits, no leading zero)
-//	lease       "seconds:microseconds:ms": the server's TIME when the lease
-//	            was taken, renewed or extended, and its length; it ends at
-//	            that time plus ms (1 to 12, 6 and 13 decimal digits; read
+//	lease       the lease's end in Unix milliseconds on the server's clock
+//	            (TIME when the lease was taken, renewed or extended, plus
+//	            its length; 1 to 15 decimal digits, no leading zero; read
 //	            while in_progress; a complete record keeps its last lease,
-//	            unread)
+//	            unread). The previous version wrote "seconds:microseconds:ms"
+//	            (TIME and the length, 1 to 12, 6 and 13 digits), which is
+//	            still read, so that its in-progress records are judged
+//	            during a rolling upgrade; that version reads the new form
+//	            as malformed (see README.md).
 //	meta        status, flags and headers, in a compact versioned binary block (complete only)
 //	body        the response body, raw (complete only)
 //
@@ -41,8 +45,11 @@
 //
 // Every edge (acquire and steal, complete, release, extend) is one Lua
 // script touching only the record's key, sent with EVALSHA (EVAL when the
-// server answers NOSCRIPT, as after a restart or failover). The scripts read
-// the server's clock with TIME, so application clocks do not matter. A
+// server answers NOSCRIPT, as after a restart or failover). Each script's
+// header lists its KEYS, ARGV and replies; a reply is an array opening with
+// a code, which the header names by its Go constant in scripts.go. The
+// scripts read the server's clock with TIME, so application clocks do not
+// matter. A
 // replay costs one round trip (the acquire reply carries the payload); a
 // first execution two (acquire, complete).
 //

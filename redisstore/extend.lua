@@ -5,17 +5,22 @@
 --
 -- The flags line lets the script write on a server at maxmemory (Redis 7
 -- and later; see scripts.go for older servers): it replaces the lease field
--- with one of about the same size, and a heartbeat refused there would let
+-- with one no larger, and a heartbeat refused there would let
 -- a duplicate steal the record from a running handler.
+--
+-- The lease field is written as acquire.lua writes it: the lease's end, in
+-- Unix milliseconds on the server's clock (TIME). The script does not read
+-- the field, so a lease in the previous version's form is simply replaced.
 --
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  lease token of the caller
 -- ARGV[2]  lease, in milliseconds (> 0)
 --
--- Reply (always an array):
---   {1}            extended
---   {0}            lease lost: absent, COMPLETE or held by another token
---   {-1, message}  the value under the key is not a record
+-- Reply (always an array): a code, named by the Go constant after it (in
+-- scripts.go; TestReplyCodes checks that the two agree), then data.
+--   {1}            fencedOK: extended
+--   {0}            fencedLost: the lease is lost: absent, COMPLETE or held by another token
+--   {-1, message}  replyCorrupt: the value under the key is not a record
 
 local key, token = KEYS[1], ARGV[1]
 
@@ -25,13 +30,14 @@ if f['err'] then
 end
 if f[1] ~= 'in_progress' or f[2] ~= token then return {0} end
 
--- The lease field has the layout acquire.lua writes.
+local lease_ms = tonumber(ARGV[2])
 local t = redis.call('TIME')
-redis.call('HSET', key, 'lease', t[1] .. ':' .. t[2] .. ':' .. ARGV[2])
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', key, 'lease', string.format('%d', now + lease_ms))
 -- The key expires at the later of the TTL deadline and the lease: PTTL
 -- counts from now, as the new lease does. A key without expiry keeps none.
 local pttl = redis.call('PTTL', key)
-if pttl >= 0 and pttl < tonumber(ARGV[2]) then
+if pttl >= 0 and pttl < lease_ms then
   redis.call('PEXPIRE', key, ARGV[2])
 end
 return {1}

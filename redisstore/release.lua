@@ -10,10 +10,11 @@
 -- ARGV[1]  lease token of the caller
 -- ARGV[2]  channel to publish on
 --
--- Reply (always an array):
---   {1}            released, or there was no record (a retry)
---   {0}            lease lost: held by another token, or COMPLETE
---   {-1, message}  the value under the key is not a record
+-- Reply (always an array): a code, named by the Go constant after it (in
+-- scripts.go; TestReplyCodes checks that the two agree), then data.
+--   {1}            fencedOK: released, or there was no record (a retry)
+--   {0}            fencedLost: the lease is lost: held by another token, or COMPLETE
+--   {-1, message}  replyCorrupt: the value under the key is not a record
 
 local key, token = KEYS[1], ARGV[1]
 

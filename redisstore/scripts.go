@@ -11,9 +11,10 @@ import (
 
 // One Lua script per edge of the record's state machine. Each touches only
 // the record's own key, so it runs on a Cluster, reads the clock with TIME on
-// the server, and replies with an array. Script.Run sends EVALSHA and falls
-// back to EVAL when the server answers NOSCRIPT (a restarted or failed-over
-// server has an empty script cache).
+// the server, and replies with an array that opens with a code (the
+// constants below). Script.Run sends EVALSHA and falls back to EVAL when the
+// server answers NOSCRIPT (a restarted or failed-over server has an empty
+// script cache).
 //
 // complete.lua, extend.lua and release.lua open with the flags line
 // "#!lua flags=allow-oom", so that Redis 7 and later run them on a server
@@ -49,6 +50,36 @@ var (
 	//go:embed watch.lua
 	watchSrc    string
 	watchScript = redis.NewScript(watchSrc)
+)
+
+// Reply codes: the first element of each script's reply. Each script's
+// header lists its replies under "Reply", every line naming the constant
+// for its code here; TestReplyCodes checks that both sides agree.
+
+// replyCorrupt is the code of every script's {-1, message} reply: the value
+// under the key is not a record, and nothing changed.
+const replyCorrupt = -1
+
+// Replies of acquire.lua.
+const (
+	acquireAcquired  = 1 // {1, epoch}: a fresh lease at epoch 1 (or the holder's retry at epoch 1)
+	acquireStolen    = 2 // {2, epoch}: the lease had run out; a fresh lease at epoch + 1 (or the holder's retry)
+	acquireCompleted = 3 // {3, epoch, meta, body}: the stored payload, for replay
+	acquireInFlight  = 4 // {4, epoch, remaining_ms}: another token's lease is live
+	acquireMismatch  = 5 // {5}: the record has another fingerprint
+)
+
+// Replies of the fenced scripts, complete.lua, extend.lua and release.lua,
+// which act only for the token that holds the record.
+const (
+	fencedOK   = 1 // {1}: done (or done before: a retry)
+	fencedLost = 0 // {0}: the caller's lease is lost
+)
+
+// Replies of watch.lua.
+const (
+	watchMarked   = 1 // {1}: the record is marked as watched
+	watchNoRecord = 0 // {0}: no record to mark
 )
 
 // flaggedScript is a script whose source opens with a flags line

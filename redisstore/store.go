@@ -26,32 +26,10 @@ type Store struct {
 	// bounded).
 	deadlines bool
 
-	// The lease, TTL and new-lease key expiry of the last calls, as script
-	// arguments: requests mostly repeat them, and reusing the boxed value
-	// saves an allocation.
-	lease, ttl, expiry atomic.Pointer[msArg]
-
 	// plainScripts is set once the server refused the flags line of a
 	// script (a server before Redis 7): the Store then sends the scripts
 	// without it (see flaggedScript).
 	plainScripts atomic.Bool
-}
-
-// msArg is a duration in milliseconds, boxed as a script argument.
-type msArg struct {
-	d time.Duration
-	v any
-}
-
-// ms returns d in whole milliseconds (see millis) as a script argument,
-// reusing the value cached in last when d is the same.
-func ms(last *atomic.Pointer[msArg], d time.Duration) any {
-	if a := last.Load(); a != nil && a.d == d {
-		return a.v
-	}
-	a := &msArg{d: d, v: millis(d)}
-	last.Store(a)
-	return a.v
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -91,16 +69,7 @@ func (s *Store) RecordKey(key string) string { return s.cfg.prefix + key }
 // Channel returns the pub/sub channel on which the record stored under key
 // announces that it was completed or released: its Redis key followed by
 // ":changed".
-func (s *Store) Channel(key string) string { return s.cfg.prefix + key + channelSuffix }
-
-const channelSuffix = ":changed"
-
-// keyAndChannel returns RecordKey(key) and Channel(key), built in one
-// allocation.
-func (s *Store) keyAndChannel(key string) (rkey, channel string) {
-	channel = s.Channel(key)
-	return channel[:len(channel)-len(channelSuffix)], channel
-}
+func (s *Store) Channel(key string) string { return s.cfg.prefix + key + ":changed" }
 
 // millis converts d to whole milliseconds, rounding up so that a positive
 // duration never becomes 0.
@@ -140,7 +109,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	rkey := s.RecordKey(req.Key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		return acquireScript.Run(ctx, s.client, []string{rkey},
-			req.Token, req.Fingerprint, ms(&s.lease, req.Lease), ms(&s.expiry, max(req.Lease, req.TTL))).Slice()
+			req.Token, req.Fingerprint, millis(req.Lease), millis(max(req.Lease, req.TTL))).Slice()
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -157,17 +126,17 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, fmt.Errorf("redisstore: acquire %s: unexpected reply %v", rkey, reply)
 	}
 	switch code {
-	case 1, 2:
+	case acquireAcquired, acquireStolen:
 		epoch, ok := epochAt(reply, 1)
 		if !ok {
 			return bad()
 		}
 		o := idempotency.Acquired
-		if code == 2 {
+		if code == acquireStolen {
 			o = idempotency.Stolen
 		}
 		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
-	case 3:
+	case acquireCompleted:
 		epoch, ok1 := epochAt(reply, 1)
 		meta, ok2 := strAt(reply, 2)
 		body, ok3 := strAt(reply, 3)
@@ -179,7 +148,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, rkey)
 		}
 		return idempotency.Acquisition{Outcome: idempotency.Completed, Epoch: uint64(epoch), Response: resp}, nil
-	case 4:
+	case acquireInFlight:
 		epoch, ok1 := epochAt(reply, 1)
 		ms, ok2 := intAt(reply, 2)
 		if !ok1 || !ok2 || ms < 0 {
@@ -190,7 +159,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			Epoch:          uint64(epoch),
 			LeaseRemaining: msDuration(max(ms, 1)),
 		}, nil
-	case 5:
+	case acquireMismatch:
 		return idempotency.Acquisition{Outcome: idempotency.Mismatch}, nil
 	}
 	return bad()
@@ -218,8 +187,8 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if !resp.BodyOmitted {
 		body = resp.Body
 	}
-	rkey, channel := s.keyAndChannel(key)
-	args := []any{token, ms(&s.ttl, ttl), meta, body, channel}
+	rkey, channel := s.RecordKey(key), s.Channel(key)
+	args := []any{token, millis(ttl), meta, body, channel}
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		if s.cfg.waitN > 0 {
 			return s.completeAndWait(ctx, rkey, args)
@@ -238,7 +207,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := s.check(key, token); err != nil {
 		return err
 	}
-	rkey, channel := s.keyAndChannel(key)
+	rkey, channel := s.RecordKey(key), s.Channel(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		return s.run(ctx, releaseScript, []string{rkey}, token, channel)
 	})
@@ -259,7 +228,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	rkey := s.RecordKey(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return s.run(ctx, extendScript, []string{rkey}, token, ms(&s.lease, lease))
+		return s.run(ctx, extendScript, []string{rkey}, token, millis(lease))
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -275,22 +244,23 @@ func (s *Store) fenced(op, rkey string, reply []any) error {
 		return err
 	}
 	switch code {
-	case 1:
+	case fencedOK:
 		return nil
-	case 0:
+	case fencedLost:
 		return idempotency.ErrLeaseLost
 	}
 	return fmt.Errorf("redisstore: %s %s: unexpected reply %v", op, rkey, reply)
 }
 
-// replyCode returns the first element of a script reply, turning the
-// {-1, message} reply into an error wrapping idempotency.ErrCorruptRecord.
+// replyCode returns the first element of a script reply, its code, turning
+// the {replyCorrupt, message} reply into an error wrapping
+// idempotency.ErrCorruptRecord.
 func replyCode(rkey string, reply []any) (int64, error) {
 	code, ok := intAt(reply, 0)
 	if !ok {
 		return 0, fmt.Errorf("redisstore: %s: unexpected reply %v", rkey, reply)
 	}
-	if code == -1 {
+	if code == replyCorrupt {
 		msg, _ := strAt(reply, 1)
 		return 0, fmt.Errorf("%w: key %s: %s", idempotency.ErrCorruptRecord, rkey, msg)
 	}

@@ -247,17 +247,8 @@ func TestRecordLayout(t *testing.T) {
 	if h["state"] != "in_progress" || h["token"] != "t1" || h["epoch"] != "1" {
 		t.Errorf("IN_PROGRESS record = %v", h)
 	}
-	// lease is "seconds:microseconds:lease_ms", the server's TIME when the
-	// lease was taken and its length.
-	now, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if at, err := leaseDeadline(h["lease"]); err != nil {
-		t.Error(err)
-	} else if lease := req(key, "t1").Lease; at.Before(now.Add(lease-5*time.Second)) || at.After(now.Add(lease)) {
-		t.Errorf("lease %q ends at %v, want about %v from %v", h["lease"], at, lease, now)
-	}
+	// lease is the lease's end in Unix milliseconds on the server's clock.
+	wantLeaseEnd(t, c, rkey, req(key, "t1").Lease)
 	resp := sampleResponse()
 	if err := s.Complete(ctx, key, "t1", resp, time.Hour); err != nil {
 		t.Fatal(err)
@@ -282,6 +273,79 @@ func TestRecordLayout(t *testing.T) {
 	if pttl := c.PTTL(ctx, rkey).Val(); pttl < 59*time.Minute || pttl > time.Hour {
 		t.Errorf("COMPLETE PTTL = %v, want 1h", pttl)
 	}
+}
+
+// TestPreviousLeaseForm: an in-progress record whose lease field has the
+// previous version's form, "seconds:microseconds:ms" (the server's TIME
+// when the lease was taken or extended, and its length), as an upgrade
+// finds it in Redis, is judged by that lease: while it lasts a duplicate is
+// in flight for the time left, and once it has run out the record is
+// stolen. What next writes the lease (a steal, the holder's renewal, an
+// extend) writes its end in Unix milliseconds.
+func TestPreviousLeaseForm(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	serverNow := func() time.Time {
+		t.Helper()
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	// previous returns the lease field the previous version wrote for a
+	// lease of length d taken at server time at.
+	previous := func(at time.Time, d time.Duration) string {
+		return fmt.Sprintf("%d:%d:%d", at.Unix(), at.Nanosecond()/1000, d.Milliseconds())
+	}
+	plant := func(lease string) (key, rkey string) {
+		key = randKey()
+		rkey = s.RecordKey(key)
+		c.HSet(ctx, rkey, "state", "in_progress", "token", "holder", "fp", req(key, "x").Fingerprint, "epoch", 3, "lease", lease)
+		c.PExpire(ctx, rkey, time.Hour)
+		return key, rkey
+	}
+
+	// A minute's lease taken at .999999 s into the second 20 s before the
+	// server's current one: the microseconds count, rounded down to the
+	// millisecond, so the lease ends at .999 s.
+	now := serverNow()
+	taken := time.Unix(now.Unix()-20, 999_999_000)
+	field := previous(taken, time.Minute)
+	key, rkey := plant(field)
+	end := taken.Truncate(time.Millisecond).Add(time.Minute)
+	// The script reads the clock in whole milliseconds, rounded down.
+	before := serverNow().Truncate(time.Millisecond)
+	a := mustAcquire(t, s, req(key, "duplicate"), idempotency.InFlight)
+	after := serverNow().Truncate(time.Millisecond)
+	if a.Epoch != 3 || a.LeaseRemaining > end.Sub(before) || a.LeaseRemaining < end.Sub(after) {
+		t.Errorf("in flight under %q: %+v; want epoch 3 and between %v and %v left", field, a, end.Sub(after), end.Sub(before))
+	}
+	if got := c.HGet(ctx, rkey, "lease").Val(); got != field {
+		t.Errorf("an in-flight answer changed the lease field: %q -> %q", field, got)
+	}
+
+	// Run out an hour ago: stolen, with a lease in the new form.
+	key, rkey = plant(previous(now.Add(-time.Hour), time.Second))
+	if a := mustAcquire(t, s, req(key, "thief"), idempotency.Stolen); a.Epoch != 4 {
+		t.Errorf("steal of a run-out lease at epoch 3 gave epoch %d, want 4", a.Epoch)
+	}
+	wantLeaseEnd(t, c, rkey, req(key, "thief").Lease)
+	mustAcquire(t, s, req(key, "holder"), idempotency.InFlight)
+
+	// A lease of a second: the holder's retry renews it to its own length.
+	key, rkey = plant(previous(now, time.Second))
+	if a := mustAcquire(t, s, req(key, "holder"), idempotency.Stolen); a.Epoch != 3 {
+		t.Errorf("holder's retry: epoch %d, want 3", a.Epoch)
+	}
+	wantLeaseEnd(t, c, rkey, req(key, "holder").Lease)
+
+	// An extend writes the new form.
+	key, rkey = plant(previous(now, time.Minute))
+	if err := s.Extend(ctx, key, "holder", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	wantLeaseEnd(t, c, rkey, 2*time.Minute)
 }
 
 func TestBodyOmittedAndEmpty(t *testing.T) {
@@ -480,22 +544,35 @@ func TestConcurrentStealExactlyOneWins(t *testing.T) {
 	}
 }
 
-// leaseDeadline parses a record's lease field, "seconds:microseconds:ms",
-// into the time the lease ends.
+// leaseDeadline parses a record's lease field as the scripts write it, the
+// lease's end in Unix milliseconds (1 to 15 decimal digits, no leading
+// zero), into the time the lease ends.
 func leaseDeadline(v string) (time.Time, error) {
-	parts := strings.Split(v, ":")
-	if len(parts) != 3 {
-		return time.Time{}, fmt.Errorf("lease field %q: want seconds:microseconds:ms", v)
+	if len(v) == 0 || len(v) > 15 || v[0] == '0' || strings.Trim(v, "0123456789") != "" {
+		return time.Time{}, fmt.Errorf("lease field %q: want 1 to 15 decimal digits, no leading zero", v)
 	}
-	var n [3]int64
-	for i, p := range parts {
-		x, err := strconv.ParseInt(p, 10, 64)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("lease field %q: %v", v, err)
-		}
-		n[i] = x
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lease field %q: %v", v, err)
 	}
-	return time.Unix(n[0], n[1]*1000).Truncate(time.Millisecond).Add(time.Duration(n[2]) * time.Millisecond), nil
+	return time.UnixMilli(ms), nil
+}
+
+// wantLeaseEnd checks that the lease field of the record at rkey is in the
+// form the scripts write and ends about lease from now on the server's
+// clock.
+func wantLeaseEnd(t *testing.T, c *redis.Client, rkey string, lease time.Duration) {
+	t.Helper()
+	v := c.HGet(ctx, rkey, "lease").Val()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, err := leaseDeadline(v); err != nil {
+		t.Error(err)
+	} else if at.Before(now.Add(lease-5*time.Second)) || at.After(now.Add(lease)) {
+		t.Errorf("lease %q ends at %v, want about %v from %v", v, at, lease, now)
+	}
 }
 
 // waitLeaseExpired polls until the server's clock has passed the end of the

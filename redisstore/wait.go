@@ -27,7 +27,7 @@ func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([
 	if err != nil {
 		return nil, err
 	}
-	if code, ok := intAt(reply, 0); ok && code == 1 && s.cfg.onWAIT != nil {
+	if code, ok := intAt(reply, 0); ok && code == fencedOK && s.cfg.onWAIT != nil {
 		acked, werr := w.Int64()
 		if werr != nil {
 			s.cfg.onWAIT(ctx, &WAITError{Key: rkey, Replicas: s.cfg.waitN, Err: werr})

@@ -51,7 +51,7 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	if key == "" {
 		return nil, nil, errors.New("redisstore: empty key")
 	}
-	rkey, channel := s.keyAndChannel(key)
+	rkey, channel := s.RecordKey(key), s.Channel(key)
 	changed, stop, err := s.hub.watch(ctx, channel)
 	if err != nil {
 		return nil, nil, err
@@ -73,7 +73,7 @@ func (s *Store) mark(ctx context.Context, rkey string) error {
 		return fmt.Errorf("redisstore: watch %s: %w", rkey, err)
 	}
 	code, err := replyCode(rkey, reply)
-	if err == nil && code != 0 && code != 1 {
+	if err == nil && code != watchMarked && code != watchNoRecord {
 		err = fmt.Errorf("redisstore: watch %s: unexpected reply %v", rkey, reply)
 	}
 	return err

@@ -7,10 +7,11 @@
 --
 -- KEYS[1]  record key (a hash)
 --
--- Reply (always an array):
---   {1}            marked (it stays marked until the key is gone)
---   {0}            no record: nothing to mark, and nothing to wait for
---   {-1, message}  the value under the key is not a hash
+-- Reply (always an array): a code, named by the Go constant after it (in
+-- scripts.go; TestReplyCodes checks that the two agree), then data.
+--   {1}            watchMarked: marked (it stays marked until the key is gone)
+--   {0}            watchNoRecord: nothing to mark, and nothing to wait for
+--   {-1, message}  replyCorrupt: the value under the key is not a hash
 
 local key = KEYS[1]
 

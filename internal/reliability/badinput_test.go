@@ -77,10 +77,19 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"epoch inf":            func(rkey string) { c.HSet(ctx, rkey, with("epoch", "inf")...) },
 		"epoch 2^63":           func(rkey string) { c.HSet(ctx, rkey, with("epoch", "9223372036854775808")...) },
 		"expired lease, epoch 2^63": func(rkey string) {
+			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "epoch", "9223372036854775808", "lease", "1")...)
+		},
+		"expired lease of the previous form, epoch 2^63": func(rkey string) {
 			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "epoch", "9223372036854775808", "lease", "1:0:1")...)
 		},
 		"lease of 400 digits": func(rkey string) {
+			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "lease", strings.Repeat("9", 400))...)
+		},
+		"lease of the previous form with 400 digits": func(rkey string) {
 			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "lease", "1:0:"+strings.Repeat("9", 400))...)
+		},
+		"lease of 16 digits": func(rkey string) {
+			c.HSet(ctx, rkey, with("state", "in_progress", "token", "t", "lease", "1000000000000000")...)
 		},
 	}
 	var ops, faults, violations int64

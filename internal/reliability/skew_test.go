@@ -32,22 +32,18 @@ const topologyLongEnv = "IDEMPOTENCY_TOPOLOGY_LONG"
 
 func topologyLong() bool { return os.Getenv(topologyLongEnv) == "1" }
 
-// leaseEnd parses a record's lease field ("seconds:microseconds:ms") into
-// the moment the lease ends on the clock of the server that wrote it.
+// leaseEnd parses a record's lease field (the lease's end in Unix
+// milliseconds: 1 to 15 decimal digits, no leading zero) into the moment
+// the lease ends on the clock of the server that wrote it.
 func leaseEnd(field string) (time.Time, error) {
-	parts := strings.Split(field, ":")
-	if len(parts) != 3 {
+	if len(field) == 0 || len(field) > 15 || field[0] == '0' || strings.Trim(field, "0123456789") != "" {
 		return time.Time{}, fmt.Errorf("lease field %q", field)
 	}
-	var n [3]int64
-	for i, p := range parts {
-		v, err := strconv.ParseInt(p, 10, 64)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("lease field %q", field)
-		}
-		n[i] = v
+	ms, err := strconv.ParseInt(field, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lease field %q", field)
 	}
-	return time.Unix(n[0], n[1]*1000).Add(time.Duration(n[2]) * time.Millisecond), nil
+	return time.UnixMilli(ms), nil
 }
 
 // leaseLeft returns how much of the lease in the record at rkey the server
@@ -362,18 +358,14 @@ func lastBefore(changes []leaseChange, holder string, at time.Time) (leaseChange
 	return last, found
 }
 
-// leaseWritten returns the server time at which a lease field was written.
-func leaseWritten(field string) time.Time {
-	parts := strings.SplitN(field, ":", 3)
-	if len(parts) != 3 {
+// leaseWritten returns the server time at which a lease field of a lease of
+// length lease was written: its end less the lease.
+func leaseWritten(field string, lease time.Duration) time.Time {
+	end, err := leaseEnd(field)
+	if err != nil {
 		return time.Time{}
 	}
-	sec, err1 := strconv.ParseInt(parts[0], 10, 64)
-	us, err2 := strconv.ParseInt(parts[1], 10, 64)
-	if err1 != nil || err2 != nil {
-		return time.Time{}
-	}
-	return time.Unix(sec, us*1000)
+	return end.Add(-lease)
 }
 
 // runSkewedFailover runs one failover under the middleware. A master with
@@ -462,14 +454,15 @@ func runSkewedFailover(t *testing.T, skew, lease time.Duration, phase float64) s
 	aAns := <-aDone
 	changes := watch.end()
 
-	// The gap: from the master's TIME in the last lease field the replica
-	// had before its promotion to the holder's first heartbeat on the new
-	// master (its TIME less the skew; or, once stolen, the send of the
-	// first extend the new master refused).
+	// The gap: from the master's TIME when it wrote the last lease field
+	// the replica had before its promotion (the lease's end less its
+	// length) to the holder's first heartbeat on the new master (its TIME
+	// less the skew; or, once stolen, the send of the first extend the new
+	// master refused).
 	if last, ok := lastBefore(changes, holder, promoted); ok {
-		from := leaseWritten(last.lease)
+		from := leaseWritten(last.lease, lease)
 		if next, ok := renewedAfter(changes, holder, promoted); ok {
-			run.gap = leaseWritten(next.lease).Add(-skew).Sub(from)
+			run.gap = leaseWritten(next.lease, lease).Add(-skew).Sub(from)
 		} else if lost, ok := extends.firstLost(); ok {
 			run.gap = lost.Sub(from)
 		}
