@@ -83,26 +83,18 @@ func (ms *measured) allocsAbove(name string, size int) (float64, bool) {
 	return al.med - bare.med, ok1 && ok2
 }
 
+// allocTarget reports allocations above the bare handler; they are
+// reported, not judged.
 func allocTarget(ms *measured) []string {
-	const limit = 12
-	var parts, over []string
+	var parts []string
 	for _, size := range middlewareSizes {
 		for _, c := range []struct{ name, short string }{{"FirstExecution", "first"}, {"Replay", "replay"}} {
-			above, ok := ms.allocsAbove(c.name, size)
-			if !ok {
-				continue
-			}
-			parts = append(parts, fmt.Sprintf("%s %s +%.0f", sizeName(size), c.short, above))
-			if above > limit {
-				over = append(over, sizeName(size)+" "+c.short)
+			if above, ok := ms.allocsAbove(c.name, size); ok {
+				parts = append(parts, fmt.Sprintf("%s %s +%.0f", sizeName(size), c.short, above))
 			}
 		}
 	}
-	v := verdict(len(over) == 0)
-	if len(over) > 0 && len(over) < len(parts) {
-		v = "**not met** for " + strings.Join(over, ", ") + "; **met** for the others"
-	}
-	return []string{fmt.Sprintf("memstore in process: ≤ %d allocations above the bare handler (first execution, replay)", limit), strings.Join(parts, "; "), v}
+	return []string{"memstore in process: allocations above the bare handler (first execution, replay)", strings.Join(parts, "; "), "reported, not judged"}
 }
 
 func (ms *measured) inProcessSection(d *doc) {
