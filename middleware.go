@@ -57,12 +57,13 @@ type request struct {
 	claim        AcquireRequest // key, token, fingerprint, lease and TTL of every store call
 	sent         time.Time      // when the last Acquire was sent: the lease counts from it
 	recorder     recorder
-	key          string      // the client's key
-	headerBefore http.Header // transactional routes: the response headers before the handler ran
+	key          string        // the client's key
+	headerBefore http.Header   // transactional routes: the response headers before the handler ran
+	served       *http.Request // the request the handler got, once it ran
 }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
-	return Event{Kind: kind, Route: rq.h.cfg.route(rq.r), Method: rq.r.Method, Key: rq.claim.Key, Status: status, Err: err}
+	return Event{Kind: kind, Route: rq.route(), Method: rq.r.Method, Key: rq.claim.Key, Status: status, Err: err}
 }
 
 func (rq *request) emit(kind EventKind, status int, err error) {
@@ -268,7 +269,8 @@ func (rq *request) runHandler(epoch uint64, tx Tx) (*lease, error) {
 		rq.emit(EventReleased, 0, fmt.Errorf("idempotency: handler panicked: %v", v))
 		panic(v)
 	}()
-	rq.h.next.ServeHTTP(&rq.recorder, rq.r.WithContext(ctx))
+	rq.served = rq.r.WithContext(ctx)
+	rq.h.next.ServeHTTP(&rq.recorder, rq.served)
 	panicked = false
 	return l, rq.stopLease(l)
 }

@@ -38,7 +38,6 @@ func defaultConfig() config {
 		maxResponseBody: 1 << 20,
 		releaseStatus:   func(status int) bool { return status >= 500 },
 		errorHandler:    WriteProblem,
-		route:           func(r *http.Request) string { return r.Pattern },
 	}
 }
 
@@ -219,9 +218,16 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
 
-// WithRoute sets how an Event names the route, for metrics. It is called
-// after the handler ran, so a router's matched pattern is known by then.
-// Default: r.Pattern (set by http.ServeMux).
+// WithRoute sets how an Event (and a log record) names the route, for
+// metrics. It is given the request the handler got when the handler ran (a
+// router beneath the middleware has then set its pattern on it), else the
+// request the middleware got.
+// Default: the pattern of the route that served the request, however the
+// middleware is mounted: set by http.ServeMux or chi on the handler's
+// request, by a router above the middleware, or, when the middleware wraps
+// an http.ServeMux, the pattern the mux chooses. For chi's r.Use, where chi
+// routes only after the middleware, package chiroute names the routes of
+// requests the handler did not serve (replays, conflicts).
 func WithRoute(route func(*http.Request) string) Option {
 	if route == nil {
 		panic("idempotency: WithRoute needs a function")
