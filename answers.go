@@ -83,7 +83,7 @@ func (a answer) with(detail string) answer {
 // problem document through the error handler.
 func (rq *request) give(a answer, err error) {
 	rq.emit(a.event, a.status, err)
-	p := newProblem(a.status, a.code, a.detail)
+	p := newProblem(rq.h.cfg.problemTypeBase, a.status, a.code, a.detail)
 	p.RetryAfter = a.retryAfter
 	if a.retryAfter > 0 {
 		rq.w.Header().Set("Retry-After", retryAfterSeconds(a.retryAfter))

@@ -31,6 +31,16 @@ func keyError(s string) error { return invalidKeyError(s) }
 func (e invalidKeyError) Error() string { return "idempotency: invalid key: " + string(e) }
 func (e invalidKeyError) Unwrap() error { return ErrInvalidKey }
 
+// keyDetail is what a client is told of a malformed key, without the
+// package's prefix.
+func keyDetail(err error) string {
+	var e invalidKeyError
+	if errors.As(err, &e) {
+		return "invalid Idempotency-Key: " + string(e)
+	}
+	return "invalid Idempotency-Key"
+}
+
 // ParseKey parses the value of an Idempotency-Key header line and returns the
 // key. Two forms are accepted:
 //

@@ -86,7 +86,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		rq.give(answerKeyInvalid.with(err.Error()), err)
+		rq.give(answerKeyInvalid.with(keyDetail(err)), err)
 		return
 	}
 

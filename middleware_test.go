@@ -622,3 +622,20 @@ func TestNonCanonicalSetCookie(t *testing.T) {
 	reliability.Report(t, reliability.Result{Scenario: "security: Set-Cookie replayed only by opt-in", Store: "memstore",
 		Operations: 2, Faults: 1, Note: "non-canonical names (set-cookie, keep-alive) filtered too"})
 }
+
+// TestProblemForClients: the detail a client reads carries no Go package
+// prefix, and the type points where WithProblemTypeBase says.
+func TestProblemForClients(t *testing.T) {
+	h := idempotency.New(newMemStore(t), idempotency.WithProblemTypeBase("https://api.example.com/docs/errors#"))(&counter{})
+	res := do(h, http.MethodPost, `"unterminated`, "")
+	var p idempotency.Problem
+	if err := json.Unmarshal([]byte(readAll(t, res)), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Code != idempotency.CodeKeyInvalid || strings.Contains(p.Detail, "idempotency:") || !strings.Contains(p.Detail, "quot") {
+		t.Fatalf("detail %q", p.Detail)
+	}
+	if p.Type != "https://api.example.com/docs/errors#key_invalid" {
+		t.Fatalf("type %q", p.Type)
+	}
+}

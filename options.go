@@ -23,6 +23,7 @@ type config struct {
 	releaseStatus   func(int) bool
 	failOpen        bool
 	transaction     bool
+	problemTypeBase string
 	errorHandler    ErrorHandler
 	observer        func(Event)
 	logger          *slog.Logger
@@ -38,6 +39,7 @@ func defaultConfig() config {
 		maxResponseBody: 1 << 20,
 		releaseStatus:   func(status int) bool { return status >= 500 },
 		errorHandler:    WriteProblem,
+		problemTypeBase: ProblemTypeBase,
 	}
 }
 
@@ -189,6 +191,19 @@ func WithFailOpen(open bool) Option {
 // Default: false.
 func WithTransaction(on bool) Option {
 	return func(c *config) { c.transaction = on }
+}
+
+// WithProblemTypeBase sets the URL prefix of the "type" member of problem
+// documents; the problem's code follows it. RFC 9457 wants a type that
+// points at documentation: set it to your API's own page on these errors
+// (for example "https://api.example.com/docs/errors#").
+// Default: ProblemTypeBase (this project's README, whose anchors are the
+// codes).
+func WithProblemTypeBase(base string) Option {
+	if base == "" {
+		panic("idempotency: WithProblemTypeBase needs a URL")
+	}
+	return func(c *config) { c.problemTypeBase = base }
 }
 
 // WithErrorHandler replaces the function that writes problem responses.

@@ -28,7 +28,8 @@ const (
 	CodeResponseTooLarge    Code = "response_too_large"   // 500: transactional route: the response is over the store cap; nothing was committed
 )
 
-// ProblemTypeBase prefixes the code in a Problem's Type.
+// ProblemTypeBase prefixes the code in a Problem's Type unless
+// WithProblemTypeBase sets another base.
 const ProblemTypeBase = "https://github.com/go-idempotency/idempotency#"
 
 // Problem is an RFC 9457 problem details document with the extension member
@@ -63,9 +64,9 @@ var problemTitles = map[Code]string{
 	CodeResponseTooLarge:    "Response too large to store",
 }
 
-func newProblem(status int, code Code, detail string) *Problem {
+func newProblem(typeBase string, status int, code Code, detail string) *Problem {
 	return &Problem{
-		Type:   ProblemTypeBase + string(code),
+		Type:   typeBase + string(code),
 		Title:  problemTitles[code],
 		Status: status,
 		Detail: detail,
