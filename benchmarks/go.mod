@@ -1,6 +1,6 @@
 module github.com/go-idempotency/idempotency/benchmarks
 
-go 1.24
+go 1.25.0
 
 require (
 	github.com/go-idempotency/idempotency v0.0.0

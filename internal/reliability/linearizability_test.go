@@ -243,6 +243,13 @@ func TestLinearizableRedis(t *testing.T) {
 	}
 }
 
+func TestLinearizablePostgres(t *testing.T) {
+	s := newPgStore(t)
+	for i := 0; i < 2; i++ {
+		checkLinearizable(t, "postgres", s, defaultLin)
+	}
+}
+
 func TestLinearizableRedisCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})

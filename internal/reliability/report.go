@@ -24,7 +24,7 @@ type Result struct {
 	// Scenario names the scenario, for example "fault/cut-during-complete".
 	Scenario string `json:"scenario"`
 	// Store names the store it ran against: "memstore", "redis",
-	// "redis-cluster", "redis-sentinel" or "broken".
+	// "redis-cluster", "redis-sentinel", "postgres" or "broken".
 	Store string `json:"store"`
 	// Operations counts the store operations or HTTP requests made.
 	Operations int64 `json:"operations"`

@@ -6,10 +6,12 @@
 //	go run ./internal/cmd/reliability-report
 //
 // It runs go test -race -count=1 on the packages that report scenarios
-// (./internal/reliability, and the root, memstore and redisstore packages,
-// whose tests of single faults report too) with
-// IDEMPOTENCY_REPORT set to a temporary file (and IDEMPOTENCY_REQUIRE_REDIS=1,
-// so that no Redis scenario is skipped), adds up the JSON lines the
+// (./internal/reliability, and the root, memstore, redisstore and pgstore
+// packages, whose tests of single faults report too) with
+// IDEMPOTENCY_REPORT set to a temporary file (and IDEMPOTENCY_REQUIRE_REDIS=1
+// and IDEMPOTENCY_REQUIRE_POSTGRES=1, so that no Redis or PostgreSQL
+// scenario is skipped: the PostgreSQL ones need a server, see
+// internal/pgtest), adds up the JSON lines the
 // scenarios wrote and replaces the text between the table markers of the
 // file. IDEMPOTENCY_SOAK, when set, is passed on and lengthens the soaks.
 // The file is not changed when a test fails.
@@ -35,7 +37,7 @@ const (
 
 func main() {
 	file := flag.String("file", "RELIABILITY.md", "the file whose table is rewritten")
-	pkgs := flag.String("pkgs", "./internal/reliability/ . ./memstore/ ./redisstore/", "the packages whose scenarios run")
+	pkgs := flag.String("pkgs", "./internal/reliability/ . ./memstore/ ./redisstore/ ./pgstore/", "the packages whose scenarios run")
 	flag.Parse()
 	if err := run(*file, *pkgs); err != nil {
 		fmt.Fprintln(os.Stderr, "reliability-report:", err)
@@ -61,7 +63,7 @@ func run(file, pkgs string) error {
 
 	args := append([]string{"test", "-race", "-count=1"}, strings.Fields(pkgs)...)
 	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), reliability.ReportEnv+"="+tmp.Name(), "IDEMPOTENCY_REQUIRE_REDIS=1")
+	cmd.Env = append(os.Environ(), reliability.ReportEnv+"="+tmp.Name(), "IDEMPOTENCY_REQUIRE_REDIS=1", "IDEMPOTENCY_REQUIRE_POSTGRES=1")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	fmt.Fprintln(os.Stderr, "running: go", strings.Join(args, " "))
 	if err := cmd.Run(); err != nil {

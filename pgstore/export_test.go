@@ -1,0 +1,37 @@
+package pgstore
+
+// ListenerPID returns the backend of the Store's listening connection, or 0
+// before the first Watch.
+func (s *Store) ListenerPID() uint32 {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return s.hub.pid
+}
+
+// ListenerConnects counts the listening connections the Store opened.
+func (s *Store) ListenerConnects() int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return s.hub.connects
+}
+
+// Retries counts the statements the Store ran again because the row
+// changed under them.
+func (s *Store) Retries() int64 { return s.retries.Load() }
+
+// SetBeforeCommit makes every Tx.Complete of s call f between the fence and
+// the COMMIT. Set it before s is used.
+func SetBeforeCommit(s *Store, f func(*Tx)) { s.beforeCommit = f }
+
+// Key returns the record's key the transaction completes.
+func (t *Tx) Key() string { return t.key }
+
+// PurgeSQL returns the statement Purge runs.
+func PurgeSQL(s *Store) string { return s.sql.purge }
+
+// Waiters counts the waiters registered on key.
+func (s *Store) Waiters(key string) int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return len(s.hub.waiters[key])
+}

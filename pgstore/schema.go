@@ -1,0 +1,115 @@
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultTable is the table New and Migrate use without WithTable.
+const DefaultTable = "idempotency_records"
+
+//go:embed schema.sql
+var schemaSQL string
+
+// The quoted names schema.sql is written with, replaced by Schema.
+const (
+	schemaTable = `"idempotency_records"`
+	schemaIndex = `"idempotency_records_expires_at_idx"`
+)
+
+// maxIdentifier is PostgreSQL's longest identifier, in bytes (NAMEDATALEN-1).
+const maxIdentifier = 63
+
+// identifierPart is one part of a table name: a letter or underscore, then
+// letters, digits and underscores.
+var identifierPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// table is a validated table name.
+type table struct {
+	parts  []string // [name] or [schema, name]
+	quoted string   // for SQL: "schema"."name"
+	index  string   // the quoted name of its expires_at index
+}
+
+// parseTable validates name: one identifier, or two joined by a dot (schema
+// and table), each of 1 to 63 letters, digits and underscores, not starting
+// with a digit.
+func parseTable(name string) (table, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return table{}, fmt.Errorf("pgstore: table name %q has more than two parts", name)
+	}
+	for _, p := range parts {
+		if len(p) > maxIdentifier || !identifierPart.MatchString(p) {
+			return table{}, fmt.Errorf("pgstore: table name %q: %q is not an identifier of 1 to %d letters, digits and underscores", name, p, maxIdentifier)
+		}
+	}
+	// An index lives in its table's schema and is named without it.
+	index := parts[len(parts)-1] + "_expires_at_idx"
+	if len(index) > maxIdentifier {
+		index = index[:maxIdentifier] // as PostgreSQL itself would truncate it
+	}
+	return table{
+		parts:  parts,
+		quoted: pgx.Identifier(parts).Sanitize(),
+		index:  pgx.Identifier{index}.Sanitize(),
+	}, nil
+}
+
+// mustTable is parseTable for options and Schema: a bad name is a
+// programming error.
+func mustTable(name string) table {
+	t, err := parseTable(name)
+	if err != nil {
+		panic(err.Error())
+	}
+	return t
+}
+
+// Schema returns the SQL that creates the table named name and its index:
+// the embedded schema.sql with the name put in, quoted. Every statement in
+// it is idempotent (CREATE ... IF NOT EXISTS), so it can be run on every
+// start, or added to a migration tool's files by teams that manage their
+// own migrations. name is a table (DefaultTable, for instance) or a
+// schema-qualified table ("billing.idempotency"); the names are quoted, so
+// they are case-sensitive. Schema panics when name is not such a name.
+func Schema(name string) string {
+	t := mustTable(name)
+	return strings.NewReplacer(schemaIndex, t.index, schemaTable, t.quoted).Replace(schemaSQL)
+}
+
+// Migrate creates the store's table and its index when they do not exist,
+// in one transaction under an advisory lock, so that instances starting
+// together do not race each other. It takes the options of New, of which
+// only WithTable matters, and panics on a bad option as New does. The
+// schema it runs is Schema's; a table that already exists is left as it
+// is.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	if pool == nil {
+		panic("pgstore: Migrate: nil pool")
+	}
+	cfg := newConfig(opts)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "pgstore:migrate:"+cfg.table.quoted); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	// Without arguments Exec uses the simple protocol, which takes several
+	// statements at once.
+	if _, err := tx.Exec(ctx, Schema(strings.Join(cfg.table.parts, "."))); err != nil {
+		return fmt.Errorf("pgstore: migrate %s: %w", cfg.table.quoted, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	return nil
+}
