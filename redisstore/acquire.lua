@@ -27,7 +27,8 @@
 -- clock (TIME, read at most once).
 --
 -- The script has no flags line, unlike complete.lua: its replay, in-flight
--- and mismatch paths only read, so they work on a server at maxmemory, and
+-- and mismatch paths only read (the in-flight path marks the record as
+-- watched when it can, see below), so they work on a server at maxmemory, and
 -- its writes (a new record, a steal, a renewal) are refused there with an
 -- OOM error, before anything is written.
 --
@@ -87,7 +88,7 @@ local function now_ms()
 end
 
 -- One read serves every case, and a replay needs nothing else.
-local f = redis.pcall('HMGET', key, 'state', 'fp', 'epoch', 'meta', 'body', 'token', 'lease')
+local f = redis.pcall('HMGET', key, 'state', 'fp', 'epoch', 'meta', 'body', 'token', 'lease', 'watched')
 if f['err'] then
   return {-1, 'key does not hold a hash: ' .. f['err']}
 end
@@ -145,4 +146,10 @@ if now >= lease_at then
   take(string.format('%d', epoch + 1), now)
   return {2, epoch + 1}
 end
+-- In flight: mark the record as watched, so that its complete or release
+-- publishes. A waiter that watched the key while it was free (nothing to
+-- mark then) and now finds another request's fresh record would otherwise
+-- sleep until the holder's lease ends or its own bound. On a server at
+-- maxmemory the mark is refused and skipped: the answer does not need it.
+if not f[8] then redis.pcall('HSET', key, 'watched', '1') end
 return {4, epoch, lease_at - now}

@@ -486,3 +486,27 @@ func TestWatchRedialPaced(t *testing.T) {
 		t.Fatal("Watch made while the server was down did not return")
 	}
 }
+
+// TestWatchOfFreeKeyThenInFlight: a waiter that watched the key while it
+// was free (nothing to mark) and then finds another request's new record in
+// flight is woken by that record's completion: the in-flight acquire marks
+// the record as watched.
+func TestWatchOfFreeKeyThenInFlight(t *testing.T) {
+	s := newStore(t, newClient(t))
+	key := randKey()
+	changed, stop, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	mustAcquire(t, s, req(key, "holder"), idempotency.Acquired)
+	mustAcquire(t, s, req(key, "waiter"), idempotency.InFlight)
+	if err := s.Complete(ctx, key, "holder", sampleResponse(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the waiter was not woken by the completion of the record it found in flight")
+	}
+}
