@@ -324,7 +324,7 @@ func TestLeaseLost(t *testing.T) {
 
 	var mu sync.Mutex
 	var kinds []idempotency.EventKind
-	obs := idempotency.WithObserver(func(e idempotency.Event) {
+	obs := idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 		mu.Lock()
 		kinds = append(kinds, e.Kind)
 		mu.Unlock()

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -72,7 +73,7 @@ func ExampleWithObserver() {
 	defer store.Close()
 
 	counts := map[string]int{}
-	mw := idempotency.New(store, idempotency.WithObserver(func(e idempotency.Event) {
+	mw := idempotency.New(store, idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 		counts[e.Kind.String()]++ // use a concurrency-safe counter in production
 	}))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))

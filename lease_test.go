@@ -102,7 +102,7 @@ func TestSlowAcquireDoesNotStart(t *testing.T) {
 	store.acquireReply.Store(int64(120 * time.Millisecond))
 	var kinds []idempotency.EventKind
 	c := &counter{}
-	h := idempotency.New(store, idempotency.WithLease(lease), idempotency.WithObserver(func(e idempotency.Event) {
+	h := idempotency.New(store, idempotency.WithLease(lease), idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 		kinds = append(kinds, e.Kind)
 	}))(c)
 	res := do(h, http.MethodPost, "k", "")
@@ -248,7 +248,7 @@ func TestCompleteBoundedAndResponseFirst(t *testing.T) {
 	var served atomic.Int64                  // nanoseconds ServeHTTP took
 	var events []idempotency.Event
 	var mu sync.Mutex
-	mw := idempotency.New(store, idempotency.WithLease(lease), idempotency.WithObserver(func(e idempotency.Event) {
+	mw := idempotency.New(store, idempotency.WithLease(lease), idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

@@ -67,7 +67,7 @@ func (rq *request) event(kind EventKind, status int, err error) Event {
 }
 
 func (rq *request) emit(kind EventKind, status int, err error) {
-	rq.h.cfg.emit(rq.event(kind, status, err), rq.start)
+	rq.h.cfg.emit(rq.r.Context(), rq.event(kind, status, err), rq.start)
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -176,7 +176,7 @@ func (rq *request) acquireFailed(err error) {
 	if rq.h.cfg.failOpen && a.code == CodeStoreUnavailable {
 		e := rq.event(EventStoreError, 0, err)
 		e.FailedOpen = true
-		rq.h.cfg.emit(e, rq.start)
+		rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 		rq.h.next.ServeHTTP(rq.w, rq.r)
 		return
 	}
@@ -193,7 +193,7 @@ func (rq *request) execute(acq Acquisition) {
 	if acq.Outcome == Stolen {
 		e := rq.event(EventStolen, 0, nil)
 		e.Epoch = acq.Epoch
-		rq.h.cfg.emit(e, rq.start)
+		rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 	}
 	var tx Tx
 	if rq.h.cfg.transaction {
@@ -299,7 +299,7 @@ func (rq *request) storeOutcome(l *lease, lost error, epoch uint64) {
 	}
 	e := rq.event(EventExecuted, rec.status, nil)
 	e.Epoch = epoch
-	rq.h.cfg.emit(e, rq.start)
+	rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 }
 
 // beginTx begins the request's transaction on a transactional route. When
@@ -349,7 +349,7 @@ func (rq *request) commitOutcome(l *lease, lost error, epoch uint64, tx Tx) {
 			rec.finish()
 			e := rq.event(EventExecuted, rec.status, nil)
 			e.Epoch = epoch
-			rq.h.cfg.emit(e, rq.start)
+			rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 		case errors.Is(err, ErrLeaseLost):
 			_ = tx.Rollback(ctx)
 			rq.discardResponse()

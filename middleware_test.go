@@ -351,7 +351,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 			var runs atomic.Int64
 			var events []idempotency.EventKind
 			var mu sync.Mutex
-			obs := idempotency.WithObserver(func(e idempotency.Event) {
+			obs := idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 				mu.Lock()
 				events = append(events, e.Kind)
 				mu.Unlock()
@@ -449,7 +449,7 @@ func TestStoreUnavailable(t *testing.T) {
 		fs.acquireErr.Store(&down)
 		var ev idempotency.Event
 		c := &counter{}
-		h := idempotency.New(fs, idempotency.WithObserver(func(e idempotency.Event) { ev = e }))(c)
+		h := idempotency.New(fs, idempotency.WithObserver(func(_ context.Context, e idempotency.Event) { ev = e }))(c)
 		res := do(h, http.MethodPost, "k", "")
 		if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
 			t.Fatalf("status %d Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
@@ -466,7 +466,7 @@ func TestStoreUnavailable(t *testing.T) {
 		fs.acquireErr.Store(&down)
 		var ev idempotency.Event
 		c := &counter{}
-		h := idempotency.New(fs, idempotency.WithFailOpen(true), idempotency.WithObserver(func(e idempotency.Event) { ev = e }))(c)
+		h := idempotency.New(fs, idempotency.WithFailOpen(true), idempotency.WithObserver(func(_ context.Context, e idempotency.Event) { ev = e }))(c)
 		res := do(h, http.MethodPost, "k", "")
 		if res.StatusCode != 201 || c.n.Load() != 1 {
 			t.Fatalf("status %d runs %d", res.StatusCode, c.n.Load())
@@ -503,7 +503,7 @@ func TestObserverAndLogsNeverCarryRawKey(t *testing.T) {
 	h := idempotency.New(newMemStore(t),
 		idempotency.WithLogger(logger),
 		idempotency.WithRoute(func(r *http.Request) string { return "/x" }),
-		idempotency.WithObserver(func(e idempotency.Event) {
+		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 			mu.Lock()
 			events = append(events, e)
 			mu.Unlock()

@@ -68,13 +68,15 @@ type Event struct {
 	FailedOpen bool
 }
 
-func (c *config) emit(e Event, start time.Time) {
+// emit reports e to the observer and the logger, with the request's
+// context ctx.
+func (c *config) emit(ctx context.Context, e Event, start time.Time) {
 	if c.observer == nil && c.logger == nil {
 		return
 	}
 	e.Duration = time.Since(start)
 	if c.observer != nil {
-		c.observer(e)
+		c.observer(ctx, e)
 	}
 	if c.logger == nil {
 		return
@@ -102,5 +104,5 @@ func (c *config) emit(e Event, start time.Time) {
 	if e.FailedOpen {
 		attrs = append(attrs, slog.Bool("failed_open", true))
 	}
-	c.logger.LogAttrs(context.Background(), level, "idempotency", attrs...)
+	c.logger.LogAttrs(ctx, level, "idempotency", attrs...)
 }

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -25,7 +26,7 @@ type config struct {
 	transaction     bool
 	problemTypeBase string
 	errorHandler    ErrorHandler
-	observer        func(Event)
+	observer        func(context.Context, Event)
 	logger          *slog.Logger
 	route           func(*http.Request) string
 }
@@ -215,11 +216,12 @@ func WithErrorHandler(h ErrorHandler) Option {
 	return func(c *config) { c.errorHandler = h }
 }
 
-// WithObserver sets a function called with every Event (see EventKind). It
-// runs on the request's goroutine, never on the heartbeat's, and must be fast
-// and safe for concurrent use.
+// WithObserver sets a function called with every Event (see EventKind) and
+// the request's context (its trace, its request id: for exemplars and
+// spans). It runs on the request's goroutine, never on the heartbeat's, and
+// must be fast and safe for concurrent use.
 // Default: none.
-func WithObserver(observe func(Event)) Option {
+func WithObserver(observe func(ctx context.Context, e Event)) Option {
 	if observe == nil {
 		panic("idempotency: WithObserver needs a function")
 	}

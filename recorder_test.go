@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -77,7 +78,7 @@ func TestRecorderWritePaths(t *testing.T) {
 func TestHijackReleases(t *testing.T) {
 	var runs atomic.Int64
 	released := make(chan struct{}, 2)
-	obs := idempotency.WithObserver(func(e idempotency.Event) {
+	obs := idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 		if e.Kind == idempotency.EventReleased {
 			released <- struct{}{}
 		}

@@ -1,6 +1,8 @@
 package idempotency_test
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -17,7 +19,7 @@ func TestRouteServeMux(t *testing.T) {
 	for _, wrapMux := range []bool{false, true} {
 		var mu sync.Mutex
 		got := map[idempotency.EventKind]string{}
-		mw := idempotency.New(newMemStore(t), idempotency.WithObserver(func(e idempotency.Event) {
+		mw := idempotency.New(newMemStore(t), idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 			mu.Lock()
 			got[e.Kind] = e.Route
 			mu.Unlock()
@@ -53,3 +55,52 @@ func newPost(path, key string) *http.Request {
 }
 
 func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }
+
+type requestIDKey struct{}
+
+// ctxHandler is a slog.Handler that records a context value of every record.
+type ctxHandler struct {
+	mu  *sync.Mutex
+	ids *[]any
+}
+
+func (h ctxHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h ctxHandler) Handle(ctx context.Context, _ slog.Record) error {
+	h.mu.Lock()
+	*h.ids = append(*h.ids, ctx.Value(requestIDKey{}))
+	h.mu.Unlock()
+	return nil
+}
+func (h ctxHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h ctxHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestObserverAndLoggerGetRequestContext: events and log records carry the
+// request's context, so a trace or request id set before the middleware
+// reaches metrics and logs.
+func TestObserverAndLoggerGetRequestContext(t *testing.T) {
+	var mu sync.Mutex
+	var observed, logged []any
+	mw := idempotency.New(newMemStore(t),
+		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
+			mu.Lock()
+			observed = append(observed, ctx.Value(requestIDKey{}))
+			mu.Unlock()
+		}),
+		idempotency.WithLogger(slog.New(ctxHandler{&mu, &logged})))
+	h := mw(&counter{})
+	for i := 0; i < 2; i++ {
+		req := newPost("/p", "k")
+		req = req.WithContext(context.WithValue(req.Context(), requestIDKey{}, "req-7"))
+		h.ServeHTTP(newRecorder(), req)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(observed) != 2 || len(logged) != 2 {
+		t.Fatalf("%d events, %d log records; want 2 each", len(observed), len(logged))
+	}
+	for _, v := range append(observed, logged...) {
+		if v != "req-7" {
+			t.Fatalf("context value %v, want the request's", v)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package chiroute_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -19,7 +20,7 @@ type routes struct {
 	all map[idempotency.EventKind][]string
 }
 
-func (r *routes) observe(e idempotency.Event) {
+func (r *routes) observe(_ context.Context, e idempotency.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.all == nil {

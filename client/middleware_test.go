@@ -49,7 +49,7 @@ func newPayServer(t *testing.T, configure func(*payServer), opts ...idempotency.
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	opts = append([]idempotency.Option{
-		idempotency.WithObserver(func(e idempotency.Event) {
+		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 			switch e.Kind {
 			case idempotency.EventExecuted:
 				ps.completed <- struct{}{}

@@ -166,7 +166,7 @@ func runTopologyChange(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterCli
 	}
 	// The first request's outcome: executed, or a store error.
 	outcome := make(chan idempotency.Event, 4)
-	observe := func(e idempotency.Event) {
+	observe := func(_ context.Context, e idempotency.Event) {
 		if e.Kind == idempotency.EventExecuted || e.Kind == idempotency.EventStoreError {
 			outcome <- e
 		}

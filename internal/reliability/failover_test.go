@@ -53,8 +53,8 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	ev := &events{}
 	ex := newExecutions()
-	mw := idempotency.New(store, idempotency.WithLease(time.Second), idempotency.WithObserver(func(e idempotency.Event) {
-		ev.observe(e)
+	mw := idempotency.New(store, idempotency.WithLease(time.Second), idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
+		ev.observe(context.Background(), e)
 		if e.Kind == idempotency.EventLeaseLost || (e.Kind == idempotency.EventStoreError && e.Status == 0) {
 			markRisk(e.Key) // a complete or release that failed or was refused
 		}

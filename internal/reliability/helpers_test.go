@@ -67,7 +67,7 @@ type events struct {
 	all []idempotency.Event
 }
 
-func (e *events) observe(ev idempotency.Event) {
+func (e *events) observe(_ context.Context, ev idempotency.Event) {
 	e.mu.Lock()
 	e.all = append(e.all, ev)
 	e.mu.Unlock()
