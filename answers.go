@@ -82,7 +82,7 @@ func (a answer) with(detail string) answer {
 // give reports a (with err, if any) and writes it to the client as a
 // problem document through the error handler.
 func (rq *request) give(a answer, err error) {
-	rq.emit(a.event, a.status, err)
+	rq.outcome(rq.event(a.event, a.status, err))
 	p := newProblem(rq.h.cfg.problemTypeBase, a.status, a.code, a.detail)
 	p.RetryAfter = a.retryAfter
 	if a.retryAfter > 0 {

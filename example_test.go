@@ -67,14 +67,17 @@ func Example_chi() {
 	// 400 application/problem+json
 }
 
-// WithObserver reports every outcome, for counting in a metrics system.
+// WithObserver reports every request's outcome (and more), for counting in
+// a metrics system.
 func ExampleWithObserver() {
 	store := memstore.New()
 	defer store.Close()
 
 	counts := map[string]int{}
 	mw := idempotency.New(store, idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
-		counts[e.Kind.String()]++ // use a concurrency-safe counter in production
+		if e.Outcome { // one per request; Started, Stolen and others come in addition
+			counts[e.Kind.String()]++ // use a concurrency-safe counter in production
+		}
 	}))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	for _, body := range []string{"a", "a", "b"} {

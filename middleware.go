@@ -60,14 +60,31 @@ type request struct {
 	key          string        // the client's key
 	headerBefore http.Header   // transactional routes: the response headers before the handler ran
 	served       *http.Request // the request the handler got, once it ran
+	ran          bool          // the handler started under the lease
 }
 
 func (rq *request) event(kind EventKind, status int, err error) Event {
 	return Event{Kind: kind, Route: rq.route(), Method: rq.r.Method, Key: rq.claim.Key, Status: status, Err: err}
 }
 
-func (rq *request) emit(kind EventKind, status int, err error) {
+// note reports an event in addition to the request's outcome.
+func (rq *request) note(kind EventKind, status int, err error) {
 	rq.h.cfg.emit(rq.r.Context(), rq.event(kind, status, err), rq.start)
+}
+
+// outcome reports e as the request's outcome: the one event of a request
+// with Outcome set.
+func (rq *request) outcome(e Event) {
+	e.Outcome, e.Ran = true, rq.ran
+	rq.h.cfg.emit(rq.r.Context(), e, rq.start)
+}
+
+// reportLoss notes a lease lost while the handler ran, when the outcome
+// does not say so itself.
+func (rq *request) reportLoss(lost error) {
+	if lost != nil {
+		rq.note(EventLeaseLost, 0, lost)
+	}
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -150,7 +167,7 @@ func (rq *request) serve(acq Acquisition) {
 			return
 		}
 		err := replay(rq.w, acq.Response)
-		rq.emit(EventReplayed, acq.Response.Status, err)
+		rq.outcome(rq.event(EventReplayed, acq.Response.Status, err))
 	case InFlight:
 		rq.give(answerInFlight, nil)
 	case Mismatch:
@@ -176,7 +193,7 @@ func (rq *request) acquireFailed(err error) {
 	if rq.h.cfg.failOpen && a.code == CodeStoreUnavailable {
 		e := rq.event(EventStoreError, 0, err)
 		e.FailedOpen = true
-		rq.h.cfg.emit(rq.r.Context(), e, rq.start)
+		rq.outcome(e)
 		rq.h.next.ServeHTTP(rq.w, rq.r)
 		return
 	}
@@ -193,7 +210,7 @@ func (rq *request) execute(acq Acquisition) {
 	if acq.Outcome == Stolen {
 		e := rq.event(EventStolen, 0, nil)
 		e.Epoch = acq.Epoch
-		rq.h.cfg.emit(rq.r.Context(), e, rq.start)
+		rq.h.cfg.emit(rq.r.Context(), e, rq.start) // in addition to the outcome
 	}
 	var tx Tx
 	if rq.h.cfg.transaction {
@@ -220,7 +237,7 @@ func (rq *request) refuseSlowLease(took time.Duration) {
 	err := rq.release(ctx)
 	cancel()
 	if err != nil {
-		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
+		rq.note(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
 	}
 	rq.acquireFailed(&slowAcquireError{took: took, lease: rq.h.cfg.lease})
 }
@@ -259,17 +276,17 @@ func (rq *request) runHandler(epoch uint64, tx Tx) (*lease, error) {
 		if tx != nil {
 			_ = tx.Rollback(sctx)
 		}
-		if err := rq.release(sctx); err != nil {
-			rq.storeFailed(err, "release", lost)
-		}
+		rq.releaseAfterHandler(sctx, lost)
 		if v == nil { // runtime.Goexit: let it go on
-			rq.emit(EventReleased, 0, errors.New("idempotency: handler exited"))
+			rq.outcome(rq.event(EventReleased, 0, errors.New("idempotency: handler exited")))
 			return
 		}
-		rq.emit(EventReleased, 0, fmt.Errorf("idempotency: handler panicked: %v", v))
+		rq.outcome(rq.event(EventReleased, 0, fmt.Errorf("idempotency: handler panicked: %v", v)))
 		panic(v)
 	}()
 	rq.served = rq.r.WithContext(ctx)
+	rq.note(EventStarted, 0, nil)
+	rq.ran = true
 	rq.h.next.ServeHTTP(&rq.recorder, rq.served)
 	panicked = false
 	return l, rq.stopLease(l)
@@ -287,19 +304,39 @@ func (rq *request) storeOutcome(l *lease, lost error, epoch uint64) {
 	// 1xx finals (101 Switching Protocols) and hijacked connections cannot
 	// be replayed.
 	if rec.hijacked || rec.status < 200 || rq.h.cfg.releaseStatus(rec.status) {
-		if err := rq.release(ctx); err != nil {
-			rq.storeFailed(err, "release", lost)
+		rq.releaseAfterHandler(ctx, lost)
+		rq.outcome(rq.event(EventReleased, rec.status, nil))
+		return
+	}
+	err := rq.complete(ctx, rec.response())
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		rq.outcome(rq.event(EventLeaseLost, rec.status, err))
+	case err != nil:
+		rq.reportLoss(lost)
+		rq.outcome(rq.event(EventStoreError, rec.status, fmt.Errorf("idempotency: complete: %w", err)))
+	default:
+		rq.reportLoss(lost) // nobody took the record over: the completion landed
+		e := rq.event(EventExecuted, rec.status, nil)
+		e.Epoch = epoch
+		rq.outcome(e)
+	}
+}
+
+// releaseAfterHandler releases the key after the handler ran, reporting a
+// lease lost meanwhile and a release that failed.
+func (rq *request) releaseAfterHandler(ctx context.Context, lost error) {
+	rq.reportLoss(lost)
+	err := rq.release(ctx)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLeaseLost):
+		if lost == nil {
+			rq.note(EventLeaseLost, 0, err)
 		}
-		rq.emit(EventReleased, rec.status, nil)
-		return
+	default:
+		rq.note(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", err))
 	}
-	if err := rq.complete(ctx, rec.response()); err != nil {
-		rq.storeFailed(err, "complete", lost)
-		return
-	}
-	e := rq.event(EventExecuted, rec.status, nil)
-	e.Epoch = epoch
-	rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 }
 
 // beginTx begins the request's transaction on a transactional route. When
@@ -312,7 +349,7 @@ func (rq *request) beginTx() (Tx, bool) {
 		return tx, true
 	}
 	if rerr := rq.release(ctx); rerr != nil {
-		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", rerr))
+		rq.note(EventStoreError, 0, fmt.Errorf("idempotency: release: %w", rerr))
 	}
 	rq.give(answerStoreUnavailable, fmt.Errorf("idempotency: begin transaction: %w", err))
 	return nil, false
@@ -329,9 +366,7 @@ func (rq *request) commitOutcome(l *lease, lost error, epoch uint64, tx Tx) {
 	defer cancel()
 	abandon := func() {
 		_ = tx.Rollback(ctx)
-		if err := rq.release(ctx); err != nil {
-			rq.storeFailed(err, "release", lost)
-		}
+		rq.releaseAfterHandler(ctx, lost)
 	}
 	switch {
 	case rec.tooLarge:
@@ -341,15 +376,16 @@ func (rq *request) commitOutcome(l *lease, lost error, epoch uint64, tx Tx) {
 	case rec.status < 200 || rq.h.cfg.releaseStatus(rec.status):
 		abandon()
 		rec.finish()
-		rq.emit(EventReleased, rec.status, nil)
+		rq.outcome(rq.event(EventReleased, rec.status, nil))
 	default:
 		err := tx.Complete(ctx, rec.response(), rq.h.cfg.ttl)
 		switch {
 		case err == nil:
 			rec.finish()
+			rq.reportLoss(lost)
 			e := rq.event(EventExecuted, rec.status, nil)
 			e.Epoch = epoch
-			rq.h.cfg.emit(rq.r.Context(), e, rq.start)
+			rq.outcome(e)
 		case errors.Is(err, ErrLeaseLost):
 			_ = tx.Rollback(ctx)
 			rq.discardResponse()
@@ -397,27 +433,12 @@ func (rq *request) release(ctx context.Context) error {
 	return rq.h.store.Release(ctx, rq.claim.Key, rq.claim.Token)
 }
 
-// stopLease stops the heartbeat and reports what happened to the lease while
-// the handler ran; it returns the loss, if the lease was lost.
+// stopLease stops the heartbeat and returns the loss, if the lease was lost
+// (the outcome reports it); a failed extend the lease survived is noted.
 func (rq *request) stopLease(l *lease) error {
 	lost, extendErr := l.stop()
-	switch {
-	case lost != nil:
-		rq.emit(EventLeaseLost, 0, lost)
-	case extendErr != nil:
-		rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", extendErr))
+	if lost == nil && extendErr != nil {
+		rq.note(EventStoreError, 0, fmt.Errorf("idempotency: extend: %w", extendErr))
 	}
 	return lost
-}
-
-// storeFailed reports a failed Complete or Release; a lease loss the
-// heartbeat reported already is not reported again.
-func (rq *request) storeFailed(err error, op string, lost error) {
-	if errors.Is(err, ErrLeaseLost) {
-		if lost == nil {
-			rq.emit(EventLeaseLost, 0, err)
-		}
-		return
-	}
-	rq.emit(EventStoreError, 0, fmt.Errorf("idempotency: %s: %w", op, err))
 }

@@ -353,7 +353,9 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 			var mu sync.Mutex
 			obs := idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 				mu.Lock()
-				events = append(events, e.Kind)
+				if e.Outcome {
+					events = append(events, e.Kind)
+				}
 				mu.Unlock()
 			})
 			h := idempotency.New(newMemStore(t), obs)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -505,7 +507,9 @@ func TestObserverAndLogsNeverCarryRawKey(t *testing.T) {
 		idempotency.WithRoute(func(r *http.Request) string { return "/x" }),
 		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 			mu.Lock()
-			events = append(events, e)
+			if e.Kind != idempotency.EventStarted {
+				events = append(events, e)
+			}
 			mu.Unlock()
 		}))(c)
 	const secret = "sk-very-secret-key"

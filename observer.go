@@ -9,9 +9,12 @@ import (
 // EventKind says what happened to a request.
 type EventKind uint8
 
-// Event kinds. A request reports one of Executed, Replayed, Conflict,
-// Mismatch, Released, Rejected or StoreError as its outcome; Stolen and
-// LeaseLost are reported in addition, when they happen.
+// Event kinds. Every request the middleware covers reports exactly one
+// event with Outcome set: Executed, Replayed, Conflict, Mismatch, Released,
+// Rejected, LeaseLost (its completion was refused) or StoreError. Started,
+// Stolen, and LeaseLost or StoreError for a lost lease, a failed extend or a
+// failed release, are reported in addition (Outcome false), when they
+// happen.
 const (
 	// EventExecuted: the handler ran and its response was stored.
 	EventExecuted EventKind = iota + 1
@@ -35,9 +38,12 @@ const (
 	// EventRejected: the request was refused before the store was asked
 	// (bad or missing key, body too large or unreadable).
 	EventRejected
+	// EventStarted: the handler starts under the lease (reported in
+	// addition; the outcome that follows has Ran set).
+	EventStarted
 )
 
-var eventNames = [...]string{"", "executed", "replayed", "conflict", "mismatch", "stolen", "released", "lease_lost", "store_error", "rejected"}
+var eventNames = [...]string{"", "executed", "replayed", "conflict", "mismatch", "stolen", "released", "lease_lost", "store_error", "rejected", "started"}
 
 // String returns the kind's lower-case name, suitable as a metric label.
 func (k EventKind) String() string {
@@ -47,7 +53,8 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event reports one outcome to the observer set with WithObserver.
+// Event reports what happened to a request to the observer set with
+// WithObserver.
 type Event struct {
 	Kind EventKind
 	// Route names the route (see WithRoute); Method is the request method.
@@ -66,6 +73,12 @@ type Event struct {
 	Err error
 	// FailedOpen reports, on a StoreError, that the handler ran unprotected.
 	FailedOpen bool
+	// Outcome marks the request's outcome: one event per request has it.
+	Outcome bool
+	// Ran reports, on the outcome, that the handler ran under the lease
+	// (an EventStarted came before): a gauge of running handlers adds one
+	// on Started and takes one off on an outcome with Ran.
+	Ran bool
 }
 
 // emit reports e to the observer and the logger, with the request's
@@ -87,6 +100,8 @@ func (c *config) emit(ctx context.Context, e Event, start time.Time) {
 		level = slog.LevelError
 	case EventLeaseLost, EventReleased, EventStolen:
 		level = slog.LevelWarn
+	case EventStarted:
+		level = slog.LevelDebug - 4 // below Debug: one per execution
 	}
 	attrs := []slog.Attr{
 		slog.String("event", e.Kind.String()),

@@ -2,9 +2,11 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 
@@ -82,6 +84,9 @@ func TestObserverAndLoggerGetRequestContext(t *testing.T) {
 	var observed, logged []any
 	mw := idempotency.New(newMemStore(t),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
+			if !e.Outcome {
+				return
+			}
 			mu.Lock()
 			observed = append(observed, ctx.Value(requestIDKey{}))
 			mu.Unlock()
@@ -95,12 +100,86 @@ func TestObserverAndLoggerGetRequestContext(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(observed) != 2 || len(logged) != 2 {
-		t.Fatalf("%d events, %d log records; want 2 each", len(observed), len(logged))
+	if len(observed) != 2 || len(logged) != 3 {
+		t.Fatalf("%d outcomes, %d log records; want 2 and 3 (started, executed, replayed)", len(observed), len(logged))
 	}
 	for _, v := range append(observed, logged...) {
 		if v != "req-7" {
 			t.Fatalf("context value %v, want the request's", v)
 		}
+	}
+}
+
+// TestOneOutcomePerRequest: every covered request reports exactly one event
+// with Outcome set, whatever happens to it, and an outcome has Ran exactly
+// when Started came before it; 64 goroutines send a mix of requests.
+func TestOneOutcomePerRequest(t *testing.T) {
+	var mu sync.Mutex
+	outcomes := map[any]int{}
+	started := map[any]bool{}
+	ranMismatch := 0
+	mw := idempotency.New(newMemStore(t), idempotency.WithMaxRequestBody(16), idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
+		id := ctx.Value(requestIDKey{})
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case e.Kind == idempotency.EventStarted:
+			started[id] = true
+		case e.Outcome:
+			outcomes[id]++
+			if e.Ran != started[id] {
+				ranMismatch++
+			}
+		}
+	}))
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/fail":
+			w.WriteHeader(http.StatusBadGateway)
+		case "/panic":
+			panic(http.ErrAbortHandler)
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	paths := []string{"/ok", "/fail", "/panic"}
+	var wg sync.WaitGroup
+	const n = 64
+	for g := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				key := fmt.Sprint("k", (g+i)%7)
+				body := ""
+				if i%5 == 0 {
+					body = "a body over the sixteen byte cap"
+				}
+				if i%11 == 0 {
+					key = `"bad`
+				}
+				req := httptest.NewRequest(http.MethodPost, paths[(g+i)%3], strings.NewReader(body))
+				req.Header.Set("Idempotency-Key", key)
+				req = req.WithContext(context.WithValue(req.Context(), requestIDKey{}, [2]int{g, i}))
+				func() {
+					defer func() { _ = recover() }()
+					h.ServeHTTP(httptest.NewRecorder(), req)
+				}()
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(outcomes) != n*20 {
+		t.Fatalf("%d requests reported an outcome, want %d", len(outcomes), n*20)
+	}
+	for id, c := range outcomes {
+		if c != 1 {
+			t.Fatalf("request %v reported %d outcomes", id, c)
+		}
+	}
+	if ranMismatch != 0 {
+		t.Fatalf("%d outcomes whose Ran disagrees with Started", ranMismatch)
 	}
 }

@@ -96,6 +96,8 @@ func crashScenario(t *testing.T, storeName string, a, b *owner, ex *executions, 
 	if c := a.cause.Load(); c == nil || !errors.Is(*c, idempotency.ErrLeaseLost) {
 		t.Fatalf("A's handler context: cause %v, want ErrLeaseLost", c)
 	}
+	// A's outcome is reported once its refused completion returned.
+	waitUntil(t, 5*time.Second, "A's outcome", func() bool { return a.ev.outcomes() == 1 })
 	if a.ev.count(idempotency.EventLeaseLost, "") != 1 || a.ev.count(idempotency.EventExecuted, "") != 0 {
 		t.Fatalf("A's events %s: want one lease_lost and no executed", a.ev)
 	}

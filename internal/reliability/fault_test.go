@@ -283,6 +283,8 @@ func TestFaultCutDuringHeartbeat(t *testing.T) {
 			t.Fatalf("context cause %v, want ErrLeaseLost", cause)
 		}
 		first := <-done
+		// The loss is reported with the outcome, once the client has its answer.
+		waitUntil(t, 5*time.Second, "the lost lease to be reported", func() bool { return rig.ev.count(idempotency.EventLeaseLost, "") >= 1 })
 		if first.status != http.StatusServiceUnavailable || rig.ev.count(idempotency.EventLeaseLost, "") != 1 {
 			t.Fatalf("aborted execution: %v, events %s", first, rig.ev)
 		}
@@ -359,6 +361,7 @@ func TestRedisRestart(t *testing.T) {
 				t.Fatalf("cause %v, want ErrLeaseLost", *cause.Load())
 			}
 			slow := <-inflight
+			waitUntil(t, 5*time.Second, "the refused completion to be reported", func() bool { return ev.count(idempotency.EventLeaseLost, "") >= 1 })
 			if slow.status != 201 || ev.count(idempotency.EventLeaseLost, "") != 1 || ev.count(idempotency.EventExecuted, "") != 1 {
 				t.Fatalf("in-flight: %v, events %s", slow, ev)
 			}

@@ -87,6 +87,19 @@ func (e *events) count(kind idempotency.EventKind, match string) int {
 	return n
 }
 
+// outcomes returns how many outcome events were seen.
+func (e *events) outcomes() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.all {
+		if ev.Outcome {
+			n++
+		}
+	}
+	return n
+}
+
 func (e *events) find(kind idempotency.EventKind) (idempotency.Event, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -267,6 +267,7 @@ func TestStallDuringHeartbeat(t *testing.T) {
 	if dup := rig.a.retryPast409(t, "k", "long job"); !dup.replayed || dup.body != b.body {
 		t.Fatalf("duplicate %v, want B's response", dup)
 	}
+	waitUntil(t, 5*time.Second, "A's lost lease to be reported", func() bool { return rig.a.ev.count(idempotency.EventLeaseLost, "") >= 1 })
 	if rig.a.ev.count(idempotency.EventLeaseLost, "") != 1 {
 		t.Fatalf("A's events %s: want the lost lease reported", rig.a.ev)
 	}
