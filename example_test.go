@@ -75,7 +75,7 @@ func ExampleWithObserver() {
 
 	counts := map[string]int{}
 	mw := idempotency.New(store, idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
-		if e.Outcome { // one per request; Started, Stolen and others come in addition
+		if e.Final { // one per request; Started, Stolen and others come in addition
 			counts[e.Kind.String()]++ // use a concurrency-safe counter in production
 		}
 	}))

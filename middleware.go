@@ -72,10 +72,9 @@ func (rq *request) note(kind EventKind, status int, err error) {
 	rq.h.cfg.emit(rq.r.Context(), rq.event(kind, status, err), rq.start)
 }
 
-// outcome reports e as the request's outcome: the one event of a request
-// with Outcome set.
+// outcome reports e as the request's outcome: its final event.
 func (rq *request) outcome(e Event) {
-	e.Outcome, e.Ran = true, rq.ran
+	e.Final, e.Ran = true, rq.ran
 	rq.h.cfg.emit(rq.r.Context(), e, rq.start)
 }
 

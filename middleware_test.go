@@ -353,7 +353,7 @@ func TestPanicReleasesAndRepanics(t *testing.T) {
 			var mu sync.Mutex
 			obs := idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 				mu.Lock()
-				if e.Outcome {
+				if e.Final {
 					events = append(events, e.Kind)
 				}
 				mu.Unlock()

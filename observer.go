@@ -10,10 +10,10 @@ import (
 type EventKind uint8
 
 // Event kinds. Every request the middleware covers reports exactly one
-// event with Outcome set: Executed, Replayed, Conflict, Mismatch, Released,
+// event with Final set, its outcome, last: Executed, Replayed, Conflict, Mismatch, Released,
 // Rejected, LeaseLost (its completion was refused) or StoreError. Started,
 // Stolen, and LeaseLost or StoreError for a lost lease, a failed extend or a
-// failed release, are reported in addition (Outcome false), when they
+// failed release, are reported before it (Final false), when they
 // happen.
 const (
 	// EventExecuted: the handler ran and its response was stored.
@@ -39,7 +39,7 @@ const (
 	// (bad or missing key, body too large or unreadable).
 	EventRejected
 	// EventStarted: the handler starts under the lease (reported in
-	// addition; the outcome that follows has Ran set).
+	// addition; the final event that follows has Ran set).
 	EventStarted
 )
 
@@ -73,11 +73,11 @@ type Event struct {
 	Err error
 	// FailedOpen reports, on a StoreError, that the handler ran unprotected.
 	FailedOpen bool
-	// Outcome marks the request's outcome: one event per request has it.
-	Outcome bool
-	// Ran reports, on the outcome, that the handler ran under the lease
+	// Final marks the request's outcome: its last event, one per request.
+	Final bool
+	// Ran reports, on the final event, that the handler ran under the lease
 	// (an EventStarted came before): a gauge of running handlers adds one
-	// on Started and takes one off on an outcome with Ran.
+	// on Started and takes one off on a final event with Ran.
 	Ran bool
 }
 

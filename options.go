@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 )
@@ -147,11 +148,11 @@ func WithMaxRequestBody(n int64) Option {
 // first client hung up (or the server's WriteTimeout passed) while the
 // handler wrote it, unless the handler wrote all of its Content-Length.
 // Default: 1 MiB.
-func WithMaxResponseBody(n int) Option {
-	if n < 0 {
-		panic("idempotency: WithMaxResponseBody needs a non-negative size")
+func WithMaxResponseBody(n int64) Option {
+	if n < 0 || n > math.MaxInt32 {
+		panic("idempotency: WithMaxResponseBody needs a size from 0 to 2 GiB")
 	}
-	return func(c *config) { c.maxResponseBody = n }
+	return func(c *config) { c.maxResponseBody = int(n) }
 }
 
 // WithStoreSetCookie stores Set-Cookie headers with the response, so that

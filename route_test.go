@@ -84,7 +84,7 @@ func TestObserverAndLoggerGetRequestContext(t *testing.T) {
 	var observed, logged []any
 	mw := idempotency.New(newMemStore(t),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
-			if !e.Outcome {
+			if !e.Final {
 				return
 			}
 			mu.Lock()
@@ -111,7 +111,7 @@ func TestObserverAndLoggerGetRequestContext(t *testing.T) {
 }
 
 // TestOneOutcomePerRequest: every covered request reports exactly one event
-// with Outcome set, whatever happens to it, and an outcome has Ran exactly
+// with Final set, whatever happens to it, and it has Ran exactly
 // when Started came before it; 64 goroutines send a mix of requests.
 func TestOneOutcomePerRequest(t *testing.T) {
 	var mu sync.Mutex
@@ -125,7 +125,7 @@ func TestOneOutcomePerRequest(t *testing.T) {
 		switch {
 		case e.Kind == idempotency.EventStarted:
 			started[id] = true
-		case e.Outcome:
+		case e.Final:
 			outcomes[id]++
 			if e.Ran != started[id] {
 				ranMismatch++

@@ -93,7 +93,7 @@ func (e *events) outcomes() int {
 	defer e.mu.Unlock()
 	n := 0
 	for _, ev := range e.all {
-		if ev.Outcome {
+		if ev.Final {
 			n++
 		}
 	}
