@@ -4,15 +4,19 @@
 // benchmarks/keycount.svg. Run it in the benchmarks module:
 //
 //	cd benchmarks
-//	go run ./report            # about 20 minutes of both cores
+//	go run ./report            # about 25 minutes of both cores
 //	go run ./report -quick     # one sample per row, shorter runs
 //	go run ./report -render    # no measuring: rewrite from the last run's results
 //
 // The library's benchmarks run in the library's module (the repository
 // root), the others in the benchmarks module. The Redis parts need
 // redis-server on PATH (a private server is started on a loopback port and
-// stopped) or REDIS_ADDR; without either they are left out. The raw go test
-// output is kept in benchmarks/results/ for benchstat.
+// stopped) or REDIS_ADDR; without either they are left out. The PostgreSQL
+// parts need a server at IDEMPOTENCY_POSTGRES_URL or the local one
+// (postgres@127.0.0.1:5432, trust authentication), on which each run
+// creates a database of its own and drops it; without one they are left
+// out. The raw go test output is kept in benchmarks/results/ for
+// benchstat.
 package main
 
 import (
@@ -41,6 +45,7 @@ type config struct {
 	duration time.Duration
 	quick    bool
 	redis    bool
+	postgres bool
 	render   bool
 }
 
@@ -103,6 +108,11 @@ func run(c config) error {
 	}
 	_, lookErr := exec.LookPath("redis-server")
 	c.redis = lookErr == nil || os.Getenv("REDIS_ADDR") != ""
+	pg, pgErr := postgresServer(context.Background())
+	c.postgres = pgErr == nil
+	if pgErr != nil {
+		fmt.Fprintf(os.Stderr, "report: leaving PostgreSQL out: %v\n", pgErr)
+	}
 	if err := os.MkdirAll(resDir, 0o755); err != nil {
 		return err
 	}
@@ -124,7 +134,9 @@ func run(c config) error {
 			return err
 		}
 	}
-	ms := &measured{c: c, m: machine(c), res: res, loads: loads, scripts: scripts, peers: peers}
+	m := machine(c)
+	m.postgres = pg
+	ms := &measured{c: c, m: m, res: res, loads: loads, scripts: scripts, peers: peers}
 	if err := ms.save(resDir); err != nil {
 		return err
 	}
@@ -166,6 +178,7 @@ func runSteps(c config, root string) (map[string]*results, error) {
 // machineInfo describes where the numbers were measured.
 type machineInfo struct {
 	cpu, kernel, goVersion, redis string
+	postgres                      string // version and the settings that decide the cost of a commit
 	cores                         int
 	load                          string
 	generated                     time.Time // when the measuring ended

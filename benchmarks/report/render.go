@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/go-idempotency/idempotency/internal/pgtest"
 )
 
 // A page is one file of detailed results in results/: the tables of one
@@ -23,7 +25,7 @@ type page struct {
 
 // pages are the pages of a report, in the order BENCHMARKS.md lists them
 // and judges their targets.
-var pages = []*page{&memstorePage, &redisPage, &keyCountPage, &peersPage, &idemloadPage, &findingsPage}
+var pages = []*page{&memstorePage, &redisPage, &postgresPage, &keyCountPage, &peersPage, &idemloadPage, &findingsPage}
 
 // path is the page's path from the repository root.
 func (p *page) path() string { return resultsDir + "/" + p.file }
@@ -91,11 +93,12 @@ func (ms *measured) machineSection(d *doc) {
 		{"OS", m.kernel},
 		{"Go", m.goVersion},
 		{"Redis", orDash(m.redis)},
+		{"PostgreSQL", orDash(m.postgres)},
 		{"Load average at the end", m.load},
 		{"Generated", m.generated.UTC().Format("2006-01-02 15:04 MST")},
 		{"Samples per row", fmt.Sprintf("%d (`-count`); idemload: %d rounds of %v per target", c.count, c.rounds, c.duration)},
 	})
-	d.para("**Noise.** The machine is small and shared: other processes run tests at the same time, and client, server and redis-server share two cores. A cell shows the median of the samples and, after ±, the largest distance of a sample from it. Ratios are taken between rows of the same run; idemload alternates the targets round by round and reports the median of the rounds' ratios. Differences under about 10%% are within the noise.")
+	d.para("**Noise.** The machine is small and shared: other processes run tests at the same time, and client, server, redis-server and PostgreSQL share two cores. A cell shows the median of the samples and, after ±, the largest distance of a sample from it. Ratios are taken between rows of the same run; idemload alternates the targets round by round and reports the median of the rounds' ratios. Differences under about 10%% are within the noise.")
 }
 
 func (ms *measured) targetsSection(d *doc) {
@@ -123,12 +126,12 @@ func regenerateSection(d *doc) {
 	d.heading(2, "Regenerating")
 	lines := []string{"cd " + toolsDir}
 	for _, r := range []struct{ flag, comment string }{
-		{"", "every benchmark and idemload: about 20 minutes of both cores"},
+		{"", "every benchmark and idemload: about 25 minutes of both cores"},
 		{"-quick", "one sample per row and shorter runs, to check the pipeline"},
 		{"-render", "measures nothing: rewrites these files from the last results"},
 	} {
 		lines = append(lines, fmt.Sprintf("%-26s # %s", strings.TrimSpace("go run "+reportPkg+" "+r.flag), r.comment))
 	}
 	d.block("sh", strings.Join(lines, "\n"))
-	d.para("The library's benchmarks run in the library's module (the repository root), the others in the benchmarks module (`%s/`), which keeps the tools' dependencies out of the library's. The Redis parts need redis-server on PATH (the benchmarks start private servers on loopback ports) or REDIS_ADDR; without either they are left out. Each page gives the commands of its tables, to run one alone.", toolsDir)
+	d.para("The library's benchmarks run in the library's module (the repository root), the others in the benchmarks module (`%s/`), which keeps the tools' dependencies out of the library's. The Redis parts need redis-server on PATH (the benchmarks start private servers on loopback ports) or REDIS_ADDR; without either they are left out. The PostgreSQL parts need a server at %s or the local one (postgres@127.0.0.1:5432, trust authentication), on which each run creates a database of its own and drops it; without one they are left out. Each page gives the commands of its tables, to run one alone.", toolsDir, pgtest.URLEnv)
 }

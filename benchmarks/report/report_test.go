@@ -98,3 +98,50 @@ func TestScaleVerdict(t *testing.T) {
 		}
 	}
 }
+
+// pgSample has the rows of a PostgreSQL run: one client, every set; 64
+// clients, the replay only.
+const pgSample = `BenchmarkMiddlewarePostgresPaired/Replay/body=1024 	 300	 900000 ns/op	 100 floor-µs/req	 121 record-µs/req	 130 store-µs/req	 133.1 mw-µs/req	 1.331 mw/floor	 1.1 mw/record	 1.21 record/floor	 1.3 store/floor	 1.024 mw/store
+BenchmarkMiddlewarePostgresPaired/FirstExecution/body=1024 	 300	 900000 ns/op	 200 floor-µs/req	 600 record-µs/req	 700 store-µs/req	 780 mw-µs/req	 3.9 mw/floor	 1.3 mw/record	 3 record/floor	 3.5 store/floor	 1.114 mw/store
+BenchmarkMiddlewarePostgresPaired/Transaction/body=1024 	 300	 900000 ns/op	 500 floor-µs/req	 550 record-µs/req	 580 store-µs/req	 600 mw-µs/req	 1.2 mw/floor	 1.09 mw/record	 1.1 record/floor	 1.16 store/floor	 1.034 mw/store
+BenchmarkMiddlewarePostgresPhased/Replay/body=1024/clients=64 	 2	 900000000 ns/op	 30 floor-µs/req	 40 record-µs/req	 170 store-µs/req	 176 mw-µs/req	 5.8 mw/floor	 4.4 mw/record	 1.33 record/floor	 5.6 store/floor	 1.035 mw/store
+`
+
+// TestPostgresTargets: each set is judged by its own ratio (a replay and a
+// first execution against the record floor, transactional completion
+// against the handler's own transaction), for each number of clients, and
+// a set not measured is said so.
+func TestPostgresTargets(t *testing.T) {
+	r := newResults()
+	r.parse(strings.NewReader(pgSample))
+	ms := &measured{c: config{count: 1, postgres: true}, res: map[string]*results{pgPairedStep.name: r, pgPhasedStep.name: r}}
+	rows := postgresTargets(ms)
+	want := []struct{ measured, verdict string }{
+		{"1.10× in lockstep", "**met**"},
+		{"1.30× in lockstep", "**not met**"},
+		{"1.20× in lockstep", "**met**"}, // mw/floor, though mw/record is lower
+		{"4.40× in alternating phases", "**not met**"},
+		{"not measured", "–"},
+		{"not measured", "–"},
+	}
+	if len(rows) != len(want)+1 {
+		t.Fatalf("%d rows, want %d: %q", len(rows), len(want)+1, rows)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(rows[i][1], w.measured) || rows[i][2] != w.verdict {
+			t.Errorf("row %d (%s): %q, %q; want %q…, %q", i, rows[i][0], rows[i][1], rows[i][2], w.measured, w.verdict)
+		}
+	}
+	if !strings.Contains(rows[1][1], "adds +11% to the store's own calls") || !strings.Contains(rows[2][1], "record floor of a transactional store") {
+		t.Errorf("details: %q; %q", rows[1][1], rows[2][1])
+	}
+	page := ms.page(&postgresPage)
+	for _, s := range []string{"## One client, in lockstep", "| replay (Floor1, Record1, Store1, Replay) | 100 | 121 | 130 | 133 | 1.33 | 1.10 |", "## 64 clients, in alternating phases"} {
+		if !strings.Contains(page, s) {
+			t.Errorf("the page has no %q:\n%s", s, page)
+		}
+	}
+	if none := (&measured{res: map[string]*results{}}); postgresTargets(none) != nil || !strings.Contains(none.page(&postgresPage), "Not measured") {
+		t.Error("a run without PostgreSQL has targets, or a page that does not say so")
+	}
+}

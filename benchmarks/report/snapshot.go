@@ -23,8 +23,10 @@ type snapshot struct {
 	Duration time.Duration
 	Quick    bool
 	Redis    bool
+	Postgres bool
 	Machine  struct {
 		CPU, Kernel, Go, Redis, Load string
+		Postgres                     string
 		Cores                        int
 		Generated                    time.Time
 	}
@@ -59,9 +61,9 @@ type measured struct {
 
 func (ms *measured) save(resDir string) error {
 	var s snapshot
-	s.Count, s.Rounds, s.Duration, s.Quick, s.Redis = ms.c.count, ms.c.rounds, ms.c.duration, ms.c.quick, ms.c.redis
+	s.Count, s.Rounds, s.Duration, s.Quick, s.Redis, s.Postgres = ms.c.count, ms.c.rounds, ms.c.duration, ms.c.quick, ms.c.redis, ms.c.postgres
 	m := &s.Machine
-	m.CPU, m.Kernel, m.Go, m.Redis, m.Load, m.Cores, m.Generated = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.load, ms.m.cores, ms.m.generated
+	m.CPU, m.Kernel, m.Go, m.Redis, m.Postgres, m.Load, m.Cores, m.Generated = ms.m.cpu, ms.m.kernel, ms.m.goVersion, ms.m.redis, ms.m.postgres, ms.m.load, ms.m.cores, ms.m.generated
 	for _, l := range ms.loads {
 		s.Loads = append(s.Loads, savedLoad{l.args, l.output})
 	}
@@ -88,10 +90,10 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%s: %w", snapshotFile, err)
 	}
-	c.count, c.rounds, c.duration, c.quick, c.redis = s.Count, s.Rounds, s.Duration, s.Quick, s.Redis
+	c.count, c.rounds, c.duration, c.quick, c.redis, c.postgres = s.Count, s.Rounds, s.Duration, s.Quick, s.Redis, s.Postgres
 	ms := &measured{c: c, res: map[string]*results{}, peers: s.Peers}
 	m := s.Machine
-	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, load: m.Load, cores: m.Cores, generated: m.Generated}
+	ms.m = machineInfo{cpu: m.CPU, kernel: m.Kernel, goVersion: m.Go, redis: m.Redis, postgres: m.Postgres, load: m.Load, cores: m.Cores, generated: m.Generated}
 	for _, l := range s.Loads {
 		ms.loads = append(ms.loads, loadRun{args: l.Args, output: l.Output})
 	}

@@ -15,7 +15,7 @@ import (
 // writes the same files as the run did.
 func TestSnapshotRoundTrip(t *testing.T) {
 	dir := t.TempDir()
-	c := config{count: 3, rounds: 2, duration: 1500 * time.Millisecond, redis: true}
+	c := config{count: 3, rounds: 2, duration: 1500 * time.Millisecond, redis: true, postgres: true}
 	res := map[string]*results{}
 	for _, st := range steps(c) {
 		if err := os.WriteFile(filepath.Join(dir, st.name+".txt"), []byte(sample), 0o644); err != nil {
@@ -27,7 +27,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	want := &measured{
 		c:       c,
-		m:       machineInfo{cpu: "cpu", kernel: "Linux 6", goVersion: "go1.x", redis: "Redis 7", cores: 2, load: "0.1 0.2 0.3", generated: time.Date(2026, 11, 30, 6, 5, 0, 0, time.UTC)},
+		m:       machineInfo{cpu: "cpu", kernel: "Linux 6", goVersion: "go1.x", redis: "Redis 7", postgres: "PostgreSQL 15 (fsync on, synchronous_commit on)", cores: 2, load: "0.1 0.2 0.3", generated: time.Date(2026, 11, 30, 6, 5, 0, 0, time.UTC)},
 		res:     res,
 		loads:   []loadRun{{args: []string{"-mix", "new=100"}, output: "throughput 1 req/s"}},
 		scripts: &scriptCosts{rows: []scriptCost{{name: "acquire", calls: 5, commands: "HMGET, EXISTS", usec: 9.5}}},

@@ -28,6 +28,7 @@ type step struct {
 	benchtime, quick string
 	once             bool // one sample (-count 1), whatever -count says
 	redis            bool // needs a Redis server
+	postgres         bool // needs a PostgreSQL server
 }
 
 // steps are the go test runs of a report, in order: those of each page.
@@ -35,7 +36,7 @@ func steps(c config) []*step {
 	var out []*step
 	for _, p := range pages {
 		for _, s := range p.steps {
-			if !s.redis || c.redis {
+			if (!s.redis || c.redis) && (!s.postgres || c.postgres) {
 				out = append(out, s)
 			}
 		}

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,8 +16,11 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/pgstore"
 )
 
 // payment is the resource the API creates.
@@ -26,17 +32,23 @@ type payment struct {
 	Created  time.Time `json:"created"`
 }
 
+// api serves the payments. Without a database it keeps them in memory;
+// with one (PostgreSQL mode) each payment is a row of the payments table,
+// written in the request's transaction.
 type api struct {
 	store  idempotency.Store
+	db     *pgxpool.Pool // PostgreSQL mode; nil otherwise
 	logger *slog.Logger
 
 	mu       sync.Mutex
-	payments map[string]payment
-	executed atomic.Int64
+	payments map[string]payment // without db
+	executed atomic.Int64       // without db: payments made
 }
 
-func newAPI(store idempotency.Store, logger *slog.Logger) *api {
-	return &api{store: store, logger: logger, payments: map[string]payment{}}
+// newAPI returns the API over store; db, when not nil, is the database of
+// a pgstore.Store, which then also holds the payments.
+func newAPI(store idempotency.Store, db *pgxpool.Pool, logger *slog.Logger) *api {
+	return &api{store: store, db: db, logger: logger, payments: map[string]payment{}}
 }
 
 // user is the demo's authentication: the principal comes from X-User, or
@@ -70,14 +82,21 @@ func (a *api) routes() http.Handler {
 		r.Use(requireUser)
 		// Keys are scoped per user, required on POST, and kept for an hour
 		// on this route.
-		idem := idempotency.New(a.store,
+		opts := []idempotency.Option{
 			idempotency.WithKeyRequired(true),
 			idempotency.WithKeyScope(user),
 			idempotency.WithTTL(time.Hour),
 			idempotency.WithLogger(a.logger),
 			idempotency.WithRoute(func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() }),
-		)
-		r.With(idem).Post("/payments", a.createPayment)
+		}
+		create := a.createPayment
+		if a.db != nil {
+			// The payment's row and the key's record commit together, in
+			// the request's transaction.
+			opts = append(opts, idempotency.WithTransaction(true))
+			create = a.createPaymentTx
+		}
+		r.With(idempotency.New(a.store, opts...)).Post("/payments", create)
 		r.Get("/payments/{id}", a.getPayment)
 	})
 	return r
@@ -89,28 +108,49 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
+// readPayment decodes the request's payment, or answers 400.
+func readPayment(w http.ResponseWriter, r *http.Request) (payment, bool) {
 	var in struct {
 		Amount   int64  `json:"amount"`
 		Currency string `json:"currency"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 || len(in.Currency) != 3 {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `want {"amount": >0, "currency": "EUR"}`})
-		return
+		return payment{}, false
 	}
-	// ?delay=3s simulates a slow payment provider (at most 10s).
+	return payment{User: user(r), Amount: in.Amount, Currency: in.Currency}, true
+}
+
+// charge stands for the call to the payment provider. ?delay=3s makes it
+// slow (at most 10s), ?provider=down makes it fail. When it fails it
+// answers a 5xx, which releases the key (the client's retry runs again),
+// and returns false.
+func charge(w http.ResponseWriter, r *http.Request) bool {
 	if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil && d > 0 {
 		select {
 		case <-time.After(min(d, 10*time.Second)):
 		case <-r.Context().Done():
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "cancelled"})
-			return
+			return false
 		}
+	}
+	if r.URL.Query().Get("provider") == "down" {
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": "payment provider unavailable"})
+		return false
+	}
+	return true
+}
+
+// createPayment makes a payment kept in memory.
+func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
+	p, ok := readPayment(w, r)
+	if !ok || !charge(w, r) {
+		return
 	}
 	a.executed.Add(1)
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	p := payment{ID: "pay_" + hex.EncodeToString(id[:]), User: user(r), Amount: in.Amount, Currency: in.Currency, Created: time.Now().UTC()}
+	p.ID, p.Created = "pay_"+hex.EncodeToString(id[:]), time.Now().UTC()
 	a.mu.Lock()
 	a.payments[p.ID] = p
 	a.mu.Unlock()
@@ -118,17 +158,90 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, p)
 }
 
+// createPaymentTx makes a payment in PostgreSQL mode: it inserts the row
+// in the request's transaction, which the middleware commits together
+// with the key's record once the handler has answered. The provider is
+// called after the INSERT: when it fails, the 5xx rolls the transaction
+// back, row included.
+func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
+	p, ok := readPayment(w, r)
+	if !ok {
+		return
+	}
+	info, _ := idempotency.FromContext(r.Context())
+	tx, ok := pgstore.TxFromContext(r.Context())
+	if !ok {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "no transaction"})
+		return
+	}
+	var id int64
+	err := tx.QueryRow(r.Context(),
+		`INSERT INTO payments (user_name, idempotency_key, amount, currency) VALUES ($1, $2, $3, $4) RETURNING id, created`,
+		p.User, info.Key, p.Amount, p.Currency).Scan(&id, &p.Created)
+	if err != nil {
+		a.logger.Error("inserting a payment", "error", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not recorded"})
+		return
+	}
+	if !charge(w, r) {
+		return
+	}
+	p.ID, p.Created = paymentID(id), p.Created.UTC()
+	w.Header().Set("Location", "/payments/"+p.ID)
+	writeJSON(w, http.StatusCreated, p)
+}
+
+// paymentID is the API's name of the payments row id.
+func paymentID(id int64) string { return "pay_" + strconv.FormatInt(id, 10) }
+
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	a.mu.Lock()
-	p, ok := a.payments[chi.URLParam(r, "id")]
-	a.mu.Unlock()
-	if !ok || p.User != user(r) {
+	p, found, err := a.lookup(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		a.logger.Error("reading a payment", "error", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not readable"})
+		return
+	}
+	if !found || p.User != user(r) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such payment"})
 		return
 	}
 	writeJSON(w, http.StatusOK, p)
 }
 
-func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]int64{"payments_executed": a.executed.Load()})
+// lookup returns the payment called id, from memory or, in PostgreSQL
+// mode, from its row.
+func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
+	if a.db == nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		p, ok := a.payments[id]
+		return p, ok, nil
+	}
+	digits, ok := strings.CutPrefix(id, "pay_")
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if !ok || err != nil {
+		return payment{}, false, nil
+	}
+	p := payment{ID: id}
+	err = a.db.QueryRow(ctx, `SELECT user_name, amount, currency, created FROM payments WHERE id = $1`, n).
+		Scan(&p.User, &p.Amount, &p.Currency, &p.Created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return payment{}, false, nil
+	}
+	p.Created = p.Created.UTC()
+	return p, err == nil, err
+}
+
+// stats answers how many payments were made: in PostgreSQL mode the rows
+// of the payments table, which a transaction rolled back did not add.
+func (a *api) stats(w http.ResponseWriter, r *http.Request) {
+	n := a.executed.Load()
+	if a.db != nil {
+		if err := a.db.QueryRow(r.Context(), `SELECT count(*) FROM payments`).Scan(&n); err != nil {
+			a.logger.Error("counting payments", "error", err)
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payments not countable"})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"payments_executed": n})
 }

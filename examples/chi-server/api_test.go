@@ -52,7 +52,7 @@ func (c client) executed() int64 {
 func TestPaymentsAPI(t *testing.T) {
 	store := memstore.New()
 	defer store.Close()
-	srv := httptest.NewServer(newAPI(store, slog.New(slog.DiscardHandler)).routes())
+	srv := httptest.NewServer(newAPI(store, nil, slog.New(slog.DiscardHandler)).routes())
 	defer srv.Close()
 	c := client{t, srv.URL}
 	const body = `{"amount":1999,"currency":"EUR"}`
@@ -94,4 +94,29 @@ func TestPaymentsAPI(t *testing.T) {
 		t.Fatalf("get %s: %v %v", loc, res, err)
 	}
 	res.Body.Close()
+}
+
+// TestProviderFailureReleasesKey: a payment whose provider fails answers
+// 502 and keeps nothing, and its key is released: the retry runs the
+// payment.
+func TestProviderFailureReleasesKey(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	srv := httptest.NewServer(newAPI(store, nil, slog.New(slog.DiscardHandler)).routes())
+	defer srv.Close()
+	c := client{t, srv.URL}
+	const body = `{"amount":1999,"currency":"EUR"}`
+	if res, b := c.post("/payments?provider=down", "alice", "order-1", body); res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("provider down: %d %s", res.StatusCode, b)
+	}
+	if n := c.executed(); n != 0 {
+		t.Fatalf("%d payments after a failed one", n)
+	}
+	res, b := c.post("/payments", "alice", "order-1", body)
+	if res.StatusCode != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %d %v %s", res.StatusCode, res.Header, b)
+	}
+	if n := c.executed(); n != 1 {
+		t.Fatalf("%d payments after the retry, want 1", n)
+	}
 }

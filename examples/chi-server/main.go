@@ -2,11 +2,21 @@
 // middleware: POST /payments needs an Idempotency-Key and runs once per key;
 // duplicates replay the stored response.
 //
-//	go run ./examples/chi-server                       # in-memory store
-//	REDIS_ADDR=127.0.0.1:6379 go run ./examples/chi-server   # Redis store
+//	go run ./examples/chi-server                                            # in-memory store
+//	REDIS_ADDR=127.0.0.1:6379 go run ./examples/chi-server                  # Redis store
+//	DATABASE_URL=postgres://app@127.0.0.1/app go run ./examples/chi-server  # PostgreSQL store
+//
+// REDIS_ADDR takes precedence over DATABASE_URL; with neither set, the
+// records live in memory. The banner says which store is used.
+//
+// With DATABASE_URL the server creates its tables (pgstore.Migrate and a
+// payments table) and each payment is a row, inserted in the request's
+// transaction (idempotency.WithTransaction): the row and the key's record
+// commit together, so a payment is made once however often it is sent,
+// and a payment whose provider fails (a 5xx) leaves no row.
 //
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
-// commands that show a first call, a replay, a 422 and a 409.
+// commands that show a first call, a replay, a 422, a 409 and a 502.
 package main
 
 import (
@@ -31,26 +41,29 @@ func main() {
 	addr := flag.String("addr", defaultAddr, "listen address (also $ADDR)")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, os.Getenv("REDIS_ADDR"), logger); err != nil {
+	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), logger); err != nil {
 		logger.Error("chi-server", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, redisAddr string, logger *slog.Logger) error {
-	store, storeName, closeStore, err := openStore(redisAddr)
+func run(addr, redisAddr, databaseURL string, logger *slog.Logger) error {
+	b, err := openBackend(context.Background(), redisAddr, databaseURL, logger)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
+	defer b.close()
+	if redisAddr != "" && databaseURL != "" {
+		logger.Warn("REDIS_ADDR and DATABASE_URL are both set: REDIS_ADDR takes precedence, DATABASE_URL is not used")
+	}
 
-	api := newAPI(store, logger)
+	api := newAPI(b.store, b.db, logger)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: api.routes(), ReadHeaderTimeout: 10 * time.Second}
-	printUsage(ln.Addr().String(), storeName)
+	printUsage(ln.Addr().String(), b)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -69,8 +82,12 @@ func run(addr, redisAddr string, logger *slog.Logger) error {
 	return nil
 }
 
-func printUsage(addr, storeName string) {
+func printUsage(addr string, b *backend) {
 	base := "http://" + addr
+	executions := "Payments made so far:"
+	if b.db != nil {
+		executions = "Payments made so far (rows of the payments table):"
+	}
 	fmt.Printf(`chi-server listening on %[1]s (store: %[2]s)
 
 First call (runs the payment):
@@ -82,7 +99,9 @@ Replay (same key, same body: the stored response, Idempotent-Replayed: true):
 409 (a duplicate while a slow original still runs; run both lines together):
   curl -s -X POST '%[1]s/payments?delay=3s' -H 'X-User: alice' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}' &
   sleep 0.5; curl -i -X POST '%[1]s/payments?delay=3s' -H 'X-User: alice' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}'
-Handler executions so far:
+502 (the payment provider fails: nothing is kept, and the key is released, so a retry runs again):
+  curl -i -X POST '%[1]s/payments?provider=down' -H 'X-User: alice' -H 'Idempotency-Key: order-1003' -d '{"amount":10,"currency":"EUR"}'
+%[3]s
   curl -s %[1]s/stats
-`, base, storeName)
+`, base, b.name, executions)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/http/httptest"
 	"testing"
@@ -17,15 +18,15 @@ func TestTwoServersShareRedis(t *testing.T) {
 	var urls []string
 	var apis []*api
 	for i := 0; i < 2; i++ {
-		store, name, closeStore, err := openStore(addr)
+		b, err := openBackend(context.Background(), addr, "", slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(closeStore)
-		if name != "redis "+addr {
-			t.Fatalf("store %q", name)
+		t.Cleanup(b.close)
+		if b.name != "redis "+addr {
+			t.Fatalf("store %q", b.name)
 		}
-		a := newAPI(store, slog.New(slog.DiscardHandler))
+		a := newAPI(b.store, b.db, slog.New(slog.DiscardHandler))
 		srv := httptest.NewServer(a.routes())
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
@@ -49,5 +50,20 @@ func TestTwoServersShareRedis(t *testing.T) {
 	}
 	if n0, n1 := apis[0].executed.Load(), apis[1].executed.Load(); n0 != 1 || n1 != 0 {
 		t.Fatalf("executions %d and %d, want 1 and 0", n0, n1)
+	}
+}
+
+// TestRedisTakesPrecedence: with REDIS_ADDR and DATABASE_URL both set, the
+// server uses Redis and never connects to the database (here, a port where
+// nothing listens).
+func TestRedisTakesPrecedence(t *testing.T) {
+	addr := redistest.Addr(t)
+	b, err := openBackend(context.Background(), addr, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	if b.name != "redis "+addr || b.db != nil {
+		t.Fatalf("store %q, database %v", b.name, b.db)
 	}
 }

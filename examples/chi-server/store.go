@@ -3,30 +3,115 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/memstore"
+	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/redisstore"
 )
 
-// openStore returns the in-memory store, or the Redis store when redisAddr
-// is set (host:port of a single node). Two servers sharing one Redis replay
-// each other's responses.
-func openStore(redisAddr string) (idempotency.Store, string, func(), error) {
-	if redisAddr == "" {
-		s := memstore.New()
-		return s, "memstore", func() { _ = s.Close() }, nil
+// backend is where the server keeps its idempotency records and, in
+// PostgreSQL mode, its payments.
+type backend struct {
+	store idempotency.Store
+	name  string        // what the banner prints: "memstore", "redis host:port", "postgres host:port/db"
+	db    *pgxpool.Pool // PostgreSQL mode: payments are rows of the payments table; nil otherwise
+	close func()
+}
+
+// openBackend chooses the store from the server's settings: Redis when
+// redisAddr is set (host:port of a single node), else PostgreSQL when
+// databaseURL is set, else the in-memory store. REDIS_ADDR takes
+// precedence over DATABASE_URL, which is then not used at all. Two
+// servers sharing one Redis, or one database, replay each other's
+// responses.
+func openBackend(ctx context.Context, redisAddr, databaseURL string, logger *slog.Logger) (*backend, error) {
+	switch {
+	case redisAddr != "":
+		return openRedis(ctx, redisAddr)
+	case databaseURL != "":
+		return openPostgres(ctx, databaseURL, logger)
 	}
-	client := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	s := memstore.New()
+	return &backend{store: s, name: "memstore", close: func() { _ = s.Close() }}, nil
+}
+
+func openRedis(ctx context.Context, addr string) (*backend, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
-		return nil, "", nil, fmt.Errorf("redis at %s: %w", redisAddr, err)
+		return nil, fmt.Errorf("redis at %s: %w", addr, err)
 	}
 	s := redisstore.New(client, redisstore.WithPrefix("chi-server:"))
-	return s, "redis " + redisAddr, func() { _ = s.Close(); _ = client.Close() }, nil
+	return &backend{store: s, name: "redis " + addr, close: func() { _ = s.Close(); _ = client.Close() }}, nil
+}
+
+// openPostgres connects to the database at url, creates the store's table
+// (pgstore.Migrate) and the payments table, and starts the store with a
+// purge of expired records every minute. A transactional request holds one
+// of the pool's connections while its handler runs: size the pool with
+// pool_max_conns in the URL (pgxpool's default is 4, or the number of
+// CPUs when larger).
+func openPostgres(ctx context.Context, url string, logger *slog.Logger) (*backend, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	where := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))) + "/" + cfg.ConnConfig.Database
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres at %s: %w", where, err)
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres at %s: %w", where, err)
+	}
+	if err := migratePayments(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres at %s: payments table: %w", where, err)
+	}
+	s := pgstore.New(pool,
+		pgstore.WithPurgeInterval(time.Minute),
+		pgstore.WithPurgeErrorHandler(func(err error) { logger.Warn("purging expired idempotency records", "error", err) }))
+	return &backend{store: s, name: "postgres " + where, db: pool, close: func() { _ = s.Close(); pool.Close() }}, nil
+}
+
+// paymentsSchema is the payments table of the PostgreSQL mode. The
+// client's key is kept with each payment for reference, without a unique
+// constraint: a key may come back after its record's TTL for another
+// payment, and the middleware is what makes each payment once (the tests
+// count the rows).
+const paymentsSchema = `
+CREATE TABLE IF NOT EXISTS payments (
+	id              bigserial   PRIMARY KEY,
+	user_name       text        NOT NULL,
+	idempotency_key text        NOT NULL,
+	amount          bigint      NOT NULL CHECK (amount > 0),
+	currency        text        NOT NULL,
+	created         timestamptz NOT NULL DEFAULT now()
+)`
+
+// migratePayments creates the payments table if it is missing, in one
+// transaction under an advisory lock, so that servers starting together
+// do not race (as pgstore.Migrate does for its own table).
+func migratePayments(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('chi-server payments'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, paymentsSchema)
+		return err
+	})
 }
