@@ -1,5 +1,12 @@
 package pgstore
 
+import (
+	"context"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/jackc/pgx/v5"
+)
+
 // ListenerPID returns the backend of the Store's listening connection, or 0
 // before the first Watch.
 func (s *Store) ListenerPID() uint32 {
@@ -34,4 +41,32 @@ func (s *Store) Waiters(key string) int {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	return len(s.hub.waiters[key])
+}
+
+// The codes of the acquire statement.
+const (
+	CodeCorrupt      = codeCorrupt
+	CodeRetry        = codeRetry
+	AcquireTaken     = acquireTaken
+	AcquireCompleted = acquireCompleted
+	AcquireInFlight  = acquireInFlight
+	AcquireMismatch  = acquireMismatch
+)
+
+// AcquireCode runs the statement of Acquire once, on tx, with the
+// arguments Acquire sends for r, and returns the code it answers with, or
+// CodeRetry when it answers no row.
+func AcquireCode(ctx context.Context, s *Store, tx pgx.Tx, r idempotency.AcquireRequest) (int, error) {
+	rows, err := tx.Query(ctx, s.sql.acquire, r.Key, r.Token, []byte(r.Fingerprint), interval(r.Lease), interval(r.TTL))
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	code := codeRetry
+	if rows.Next() {
+		if err := rows.Scan(&code, nil, nil, nil, nil, nil, nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	return code, rows.Err()
 }

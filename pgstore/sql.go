@@ -60,10 +60,28 @@ const (
 //
 //	$1 key, $2 token, $3 fingerprint, $4 lease, $5 TTL
 //
+// The statement first reads the row, cur, from its snapshot, and judges
+// it against now: code says what that version alone settles. A nonzero
+// code is the answer and nothing is written: -1 a row that is not a
+// record, 5 another fingerprint (live, in progress or COMPLETE), 3 a live
+// COMPLETE record with the same fingerprint (a replay, whose payload comes
+// back in the same round trip), 4 in flight under another token's live
+// lease and already watched. Zero means the record may have to change
+// (expired, the caller's own token, a lease that has run out, not yet
+// watched), and no row means there is no record.
+//
+// Only then does the INSERT propose a row: its SELECT produces none when
+// cur settled the answer, so ON CONFLICT is never reached, and the
+// statement locks no row, writes nothing and takes no transaction id (its
+// implicit commit writes no WAL and waits for no flush); concurrent
+// replays of one key do not wait for each other, nor for a transaction
+// holding the row. The relation lock every INSERT takes (ROW EXCLUSIVE)
+// stays; it conflicts with none of the edges' locks.
+//
 // The INSERT proposes a fresh record (epoch 1, lease and TTL from now).
 // The proposed row, excluded, carries now as updated_at, and its lease and
-// TTL deadlines. When the key exists, ON CONFLICT DO UPDATE changes the
-// existing row, r, in four cases:
+// TTL deadlines. When the key exists, ON CONFLICT DO UPDATE locks the
+// row's latest version, r, however recent, and changes it in four cases:
 //
 //   - r has expired (past its TTL, and past its lease while in progress):
 //     it is absent, so the caller gets a fresh record at epoch 1;
@@ -82,22 +100,69 @@ const (
 // In the first three cases the caller runs the handler, and the new epoch
 // says how: 1 is Acquired, more is Stolen. Those rows, and the fourth
 // case's, come back through RETURNING: the version of the row that the
-// command locked and judged, however recent.
+// command locked and judged. So every write is judged on the latest
+// version, under its lock, as the statements above are.
 //
-// Otherwise (COMPLETE, another fingerprint, or in flight under a watched
-// record) nothing is written, and the second branch reads the row from the
-// statement's snapshot: a replay's payload comes back in the same round
-// trip. Should the snapshot show a row that the command would have
-// changed, or none, the row changed in between: codeRetry. An in-flight
-// answer read from an older snapshot is harmless: the record is watched,
-// so whatever changed it has notified the waiters.
+// When the command changed nothing although cur asked for it, r differs
+// from cur: a transaction committed after the snapshot (cur shows a row
+// the command would have changed, or none: the INSERT of a concurrent
+// first request). The statement answers codeRetry, or no row at all, and
+// the store runs it again with a snapshot that includes that commit.
+//
+// Why an answer from the snapshot alone is right. The snapshot is taken
+// when the statement starts, at instant S, and now is read after it, at
+// T >= S, both within the call. cur is the version of the row that was
+// the latest at S, and its code judges its deadlines against T, so a
+// deadline it finds still ahead was ahead at S too:
+//
+//   - a live COMPLETE record with the same fingerprint (3) is still the
+//     latest version at T: a COMPLETE record changes only by expiring.
+//     Complete, release, extend and Watch change in-progress rows only,
+//     the ON CONFLICT update and the purge change a COMPLETE row only once
+//     expired on their own clock reading, after its TTL deadline, which
+//     is after T. So the replay is true at T, and the payload is the
+//     record's;
+//   - another fingerprint (5) was the record's at S: the record was live
+//     at S, and a live record's fingerprint never changes (the update sets
+//     it only on an expired record, or to the same one). The record may
+//     have been released or completed since, but at S it was there with
+//     that fingerprint, so Mismatch was true at S;
+//   - in flight (4): at S the record was in progress under another
+//     token's lease ending after T, so InFlight was true at S, and the
+//     remaining lease, counted from T, is no longer than what remained at
+//     S. The record was watched at S, and stays watched until it is
+//     released, completed or expires (no edge clears the flag on a live
+//     record), so a waiter that goes on to watch it is notified of the
+//     holder's complete or release. Were the record stolen, completed or
+//     released since S, the waiter's re-check sees it;
+//   - a row that is not a record (-1) is left as it is, whatever the
+//     command would have judged: an edge never writes one.
+//
+// Every answer the write path gives is judged on the locked latest
+// version, as before, so two acquires that both change a record are
+// ordered by its row lock.
 const acquireSQL = `
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS n),
+cur AS MATERIALIZED (
+	SELECT
+		CASE
+			WHEN r.expires_at IS NULL THEN -1
+			WHEN r.expires_at <= now.n THEN 0
+			WHEN r.fingerprint <> $3::bytea THEN 5
+			WHEN r.state = 'complete' THEN 3
+			WHEN r.token = $2::text OR r.lease_until <= now.n OR NOT r.watched THEN 0
+			ELSE 4
+		END AS code,
+		r.epoch, r.lease_until, r.state, r.status, r.headers, r.body, r.body_omitted
+	FROM {table} r, now
+	WHERE r.key = $1::text
+),
 changed AS (
 	INSERT INTO {table} AS r
 		(key, state, token, fingerprint, epoch, lease_until, ttl_until, updated_at)
 	SELECT $1::text, 'in_progress', $2::text, $3::bytea, 1, n + $4::interval, n + $5::interval, n
 	FROM now
+	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.code <> 0)
 	ON CONFLICT (key) DO UPDATE SET
 		state = 'in_progress',
 		fingerprint = excluded.fingerprint,
@@ -150,23 +215,16 @@ SELECT CASE WHEN c.token = $2 THEN 1 ELSE 4 END AS code,
 FROM changed c, now
 UNION ALL
 SELECT
-	CASE
-		WHEN r.expires_at IS NULL THEN -1
-		WHEN r.expires_at <= now.n THEN 0
-		WHEN r.fingerprint <> $3 THEN 5
-		WHEN r.state = 'complete' THEN 3
-		WHEN r.token = $2 OR r.lease_until <= now.n OR NOT r.watched THEN 0
-		ELSE 4
-	END,
-	r.epoch,
-	ceil(extract(epoch FROM r.lease_until - now.n) * 1000000)::bigint,
-	r.state,
-	CASE WHEN r.state = 'complete' THEN r.status END,
-	CASE WHEN r.state = 'complete' THEN r.headers END,
-	CASE WHEN r.state = 'complete' THEN r.body END,
-	CASE WHEN r.state = 'complete' THEN r.body_omitted END
-FROM {table} r, now
-WHERE r.key = $1 AND NOT EXISTS (SELECT FROM changed)`
+	cur.code,
+	cur.epoch,
+	ceil(extract(epoch FROM cur.lease_until - now.n) * 1000000)::bigint,
+	cur.state,
+	CASE WHEN cur.state = 'complete' THEN cur.status END,
+	CASE WHEN cur.state = 'complete' THEN cur.headers END,
+	CASE WHEN cur.state = 'complete' THEN cur.body END,
+	CASE WHEN cur.state = 'complete' THEN cur.body_omitted END
+FROM cur, now
+WHERE NOT EXISTS (SELECT FROM changed)`
 
 // completeSQL is the complete edge, for Store.Complete and, inside the
 // handler's transaction, for Tx.Complete (the fence).
