@@ -1,0 +1,323 @@
+// Package idemprom exports the events of the idempotency middleware as
+// Prometheus metrics. Observer registers the metrics and returns the
+// function to pass to idempotency.WithObserver:
+//
+//	observe := idemprom.Observer(prometheus.DefaultRegisterer)
+//	mw := idempotency.New(store, idempotency.WithObserver(observe))
+//
+// The metrics (names without WithNamespace; every series also carries the
+// labels of WithConstLabels):
+//
+//	idempotency_requests_total{route, method, outcome}            counter
+//	idempotency_request_duration_seconds{route, method, outcome}  histogram
+//	idempotency_handlers_running{route, method}                   gauge
+//	idempotency_errors_total{route, method, error}                counter
+//
+// requests_total counts every request the middleware covers with a key (or
+// rejects for want of one) once, under its outcome, the kind of its final
+// event (see OutcomeLabel):
+// executed, replayed, conflict, mismatch, released, lease_lost,
+// store_error, failed_open or rejected. A request that took the record
+// over from an owner whose lease had expired counts once more, under
+// stolen, when the steal happens; the sum over all outcomes but stolen is
+// the number of requests.
+//
+// request_duration_seconds observes Event.Duration of each outcome (the
+// time from the request entering the middleware to its outcome), with the
+// same labels as requests_total (never stolen).
+//
+// handlers_running is the number of handlers running under a lease: one is
+// added on EventStarted and taken off on the request's final event (its
+// outcome) with Ran set. A handler run unprotected by WithFailOpen is not
+// counted.
+//
+// errors_total counts every EventLeaseLost and EventStoreError, whether
+// it is the request's outcome or reported in addition to it (a lease lost
+// while the handler ran, a failed extend, a failed release), under error
+// lease_lost or store_error. A failed-open request counts here as a
+// store_error.
+//
+// Labels never carry the client's key or any body. route is what the
+// middleware names the route (see idempotency.WithRoute): a pattern such as
+// "POST /payments/{id}", never the path, or every id becomes a series of
+// its own.
+package idemprom
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// DefaultBuckets are the upper bounds, in seconds, of the latency
+// histogram's buckets unless WithBuckets sets others: from a millisecond (a
+// replay from an in-process store) to 30 seconds (a slow handler, a
+// duplicate waiting in wait mode).
+var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+// Label values of the outcome label that are not an EventKind's name.
+const (
+	// OutcomeFailedOpen is the outcome of a request whose store could not
+	// be reached and whose handler then ran unprotected (WithFailOpen): an
+	// EventStoreError outcome with FailedOpen set.
+	OutcomeFailedOpen = "failed_open"
+	// OutcomeStolen counts steals, in addition to the outcome of the
+	// request that stole.
+	OutcomeStolen = "stolen"
+)
+
+// OutcomeLabel returns the outcome label of a final event: the name of
+// its kind (idempotency.EventKind.String), except for an EventStoreError
+// with FailedOpen set, which is OutcomeFailedOpen.
+func OutcomeLabel(e idempotency.Event) string {
+	if e.Kind == idempotency.EventStoreError && e.FailedOpen {
+		return OutcomeFailedOpen
+	}
+	return e.Kind.String()
+}
+
+// Option configures Observer.
+type Option func(*config)
+
+type config struct {
+	namespace   string
+	constLabels prometheus.Labels
+	buckets     []float64
+	exemplar    func(context.Context) prometheus.Labels
+}
+
+// The labels the metrics set themselves; WithConstLabels may not use them.
+var ownLabels = []string{"route", "method", "outcome", "error"}
+
+// WithNamespace puts namespace and an underscore in front of every metric
+// name ("payments" gives payments_idempotency_requests_total); "" puts
+// nothing. It panics when namespace is not a valid metric name.
+// Default: none (idempotency_requests_total).
+func WithNamespace(namespace string) Option {
+	if namespace != "" && !validName(namespace) {
+		panic(fmt.Sprintf("idemprom: WithNamespace: %q is not a valid metric name prefix", namespace))
+	}
+	return func(c *config) { c.namespace = namespace }
+}
+
+// WithConstLabels adds labels with fixed values to every series (a
+// service or store name, say). It panics on a name that is invalid, starts
+// with "__", or is one the metrics set themselves (route, method, outcome,
+// error).
+// Default: none.
+func WithConstLabels(labels prometheus.Labels) Option {
+	own := make(prometheus.Labels, len(labels))
+	for name, value := range labels {
+		if !validName(name) || strings.HasPrefix(name, "__") {
+			panic(fmt.Sprintf("idemprom: WithConstLabels: %q is not a valid label name", name))
+		}
+		for _, l := range ownLabels {
+			if name == l {
+				panic(fmt.Sprintf("idemprom: WithConstLabels: the metrics set the label %q themselves", name))
+			}
+		}
+		own[name] = value
+	}
+	return func(c *config) { c.constLabels = own }
+}
+
+// WithBuckets sets the upper bounds, in seconds, of the latency histogram's
+// buckets. It panics when there are none, or they are not strictly
+// increasing.
+// Default: DefaultBuckets.
+func WithBuckets(bounds ...float64) Option {
+	if len(bounds) == 0 {
+		panic("idemprom: WithBuckets needs at least one bound")
+	}
+	for i, b := range bounds {
+		if math.IsNaN(b) || i > 0 && b <= bounds[i-1] {
+			panic(fmt.Sprintf("idemprom: WithBuckets needs strictly increasing bounds, got %v", bounds))
+		}
+	}
+	own := append([]float64(nil), bounds...)
+	return func(c *config) { c.buckets = own }
+}
+
+// WithExemplar attaches an exemplar to each latency observation: the
+// labels exemplar returns for the request's context, typically the trace
+// id of the request's sampled span. It is called on the request's
+// goroutine for every outcome; when it returns no labels, or labels
+// Prometheus would refuse (more than 128 runes in all, an invalid name),
+// the observation has no exemplar. Exemplars are exposed in the
+// OpenMetrics format only (promhttp.HandlerOpts.EnableOpenMetrics).
+//
+// With OpenTelemetry tracing:
+//
+//	idemprom.WithExemplar(func(ctx context.Context) prometheus.Labels {
+//		if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+//			return prometheus.Labels{"trace_id": sc.TraceID().String()}
+//		}
+//		return nil
+//	})
+//
+// Default: none (this package does not depend on a tracing library).
+func WithExemplar(exemplar func(ctx context.Context) prometheus.Labels) Option {
+	if exemplar == nil {
+		panic("idemprom: WithExemplar needs a function")
+	}
+	return func(c *config) { c.exemplar = exemplar }
+}
+
+// Observer registers the metrics with reg and returns the function that
+// updates them, for idempotency.WithObserver. Call it once per registry and
+// pass the function to every middleware (every New) that should report
+// into these metrics; it is safe for concurrent use.
+//
+// reg is required, as promauto.With and promhttp.InstrumentMetricHandler
+// take theirs: there is no default registry. Pass
+// prometheus.DefaultRegisterer for the global one (served by
+// promhttp.Handler), or a registry of your own.
+//
+// Observer panics when reg is nil or refuses the metrics (the same
+// metrics registered twice, or colliding with others).
+func Observer(reg prometheus.Registerer, opts ...Option) func(ctx context.Context, e idempotency.Event) {
+	if reg == nil {
+		panic("idemprom: Observer needs a Registerer (prometheus.DefaultRegisterer for the global one)")
+	}
+	cfg := config{buckets: DefaultBuckets}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	const subsystem = "idempotency"
+	m := &metrics{
+		exemplar: cfg.exemplar,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: cfg.namespace, Subsystem: subsystem, Name: "requests_total",
+			Help:        "Requests with an Idempotency-Key, once each by outcome; a request that stole an expired lease counts once more as stolen.",
+			ConstLabels: cfg.constLabels,
+		}, []string{"route", "method", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: cfg.namespace, Subsystem: subsystem, Name: "request_duration_seconds",
+			Help:        "Time from a request entering the idempotency middleware to its outcome.",
+			ConstLabels: cfg.constLabels,
+			Buckets:     cfg.buckets,
+		}, []string{"route", "method", "outcome"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: cfg.namespace, Subsystem: subsystem, Name: "errors_total",
+			Help:        "Lease losses and store errors, as outcomes or in addition to one (a lease lost while the handler ran, a failed extend or release).",
+			ConstLabels: cfg.constLabels,
+		}, []string{"route", "method", "error"}),
+	}
+	m.running = running{
+		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: cfg.namespace, Subsystem: subsystem, Name: "handlers_running",
+			Help:        "Handlers running under an idempotency lease.",
+			ConstLabels: cfg.constLabels,
+		}, []string{"route", "method"}),
+		byKey: map[string][]prometheus.Gauge{},
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.running.gauge, m.errors} {
+		if err := reg.Register(c); err != nil {
+			panic(fmt.Sprintf("idemprom: Observer: %v", err))
+		}
+	}
+	return m.observe
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+	running  running
+	exemplar func(context.Context) prometheus.Labels
+}
+
+func (m *metrics) observe(ctx context.Context, e idempotency.Event) {
+	switch {
+	case e.Final:
+		outcome := OutcomeLabel(e)
+		m.requests.WithLabelValues(e.Route, e.Method, outcome).Inc()
+		m.observeDuration(ctx, m.duration.WithLabelValues(e.Route, e.Method, outcome), e.Duration.Seconds())
+		if e.Ran {
+			m.running.finish(e.Key)
+		}
+	case e.Kind == idempotency.EventStarted:
+		m.running.start(e.Key, e.Route, e.Method)
+	case e.Kind == idempotency.EventStolen:
+		m.requests.WithLabelValues(e.Route, e.Method, OutcomeStolen).Inc()
+	}
+	if e.Kind == idempotency.EventLeaseLost || e.Kind == idempotency.EventStoreError {
+		m.errors.WithLabelValues(e.Route, e.Method, e.Kind.String()).Inc()
+	}
+}
+
+func (m *metrics) observeDuration(ctx context.Context, o prometheus.Observer, seconds float64) {
+	if m.exemplar != nil {
+		if labels := m.exemplar(ctx); len(labels) > 0 && validExemplar(labels) {
+			if eo, ok := o.(prometheus.ExemplarObserver); ok {
+				eo.ObserveWithExemplar(seconds, labels)
+				return
+			}
+		}
+	}
+	o.Observe(seconds)
+}
+
+// running keeps the gauge of running handlers. A final event can name
+// another route than the Started before it did (a router beneath the middleware sets
+// its pattern on the request while the handler runs), so the gauge a
+// Started added to is remembered by storage key, and the final event takes
+// one off that one. Two handlers run on one key at once only after a steal;
+// they are of one route.
+type running struct {
+	gauge *prometheus.GaugeVec
+	mu    sync.Mutex
+	byKey map[string][]prometheus.Gauge // storage key: the gauges its running handlers added to
+}
+
+func (r *running) start(key, route, method string) {
+	g := r.gauge.WithLabelValues(route, method)
+	g.Inc()
+	r.mu.Lock()
+	r.byKey[key] = append(r.byKey[key], g)
+	r.mu.Unlock()
+}
+
+func (r *running) finish(key string) {
+	r.mu.Lock()
+	gs := r.byKey[key]
+	if len(gs) == 0 { // no Started seen: nothing to take off
+		r.mu.Unlock()
+		return
+	}
+	g := gs[0]
+	if len(gs) == 1 {
+		delete(r.byKey, key)
+	} else {
+		r.byKey[key] = gs[1:]
+	}
+	r.mu.Unlock()
+	g.Dec()
+}
+
+// validName reports whether s is a valid metric or label name in the
+// classic character set.
+func validName(s string) bool {
+	return s != "" && model.LegacyValidation.IsValidMetricName(s) && !strings.Contains(s, ":")
+}
+
+// validExemplar reports whether Prometheus accepts labels as an exemplar's
+// (ObserveWithExemplar panics otherwise).
+func validExemplar(labels prometheus.Labels) bool {
+	runes := 0
+	for name, value := range labels {
+		if !model.UTF8Validation.IsValidLabelName(name) || strings.HasPrefix(name, "__") || !utf8.ValidString(value) {
+			return false
+		}
+		runes += utf8.RuneCountInString(name) + utf8.RuneCountInString(value)
+	}
+	return runes <= prometheus.ExemplarMaxRunes
+}
