@@ -10,7 +10,10 @@
 // In the same run it measures the bare handler (the same server without the
 // middleware) and, for Redis, the floor: the bare handler plus the raw
 // EVALSHA round trips the middleware needs at best (two for a first
-// execution, one for a duplicate), with the same concurrency. It prints a
+// execution, one for a duplicate), with the same concurrency, and the
+// flushed floor (flushfloor): the same, with the response flushed before a
+// first execution's second round trip, so that its client waits for the
+// handler plus one round trip, as the middleware's does. It prints a
 // progress line every second, then throughput, p50/p99 latency and the
 // middleware's ratio to each.
 //
@@ -74,7 +77,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&mix, "mix", "new=70,dup=20,concdup=10", "request mix: weights of new, dup and concdup")
 	fs.IntVar(&o.body, "body", 1024, "response body size in bytes (0..1048576)")
 	fs.StringVar(&o.redis, "redis", "", `Redis store: "" for memstore, "auto" for a private redis-server, or a loopback host:port`)
-	fs.IntVar(&o.rounds, "rounds", 1, "rounds of (bare, floor, middleware); the median round is reported (1..20)")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds of (bare, floors, middleware); the median round is reported (1..20)")
 	fs.IntVar(&o.warm, "warm", 1000, "requests sent before each measurement, whose keys dup requests repeat (1..100000)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the first round's middleware measurement (client and server) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -162,7 +165,9 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 		defer deleteKeys(client, prefix)
 		store = rs
 		storeName = "redis " + load.RedisVersion(ctx, client) + " at " + addr
-		targets = append(targets, &target{name: "floor", handler: load.FloorHandler(client, payload)})
+		targets = append(targets,
+			&target{name: "floor", handler: load.FloorHandler(client, payload)},
+			&target{name: "flushfloor", handler: load.FlushedFloorHandler(client, payload)})
 	}
 	// A TTL of minutes keeps what a run leaves behind short-lived.
 	mw := idempotency.New(store, idempotency.WithTTL(10*time.Minute))
@@ -227,6 +232,28 @@ func ratioOf(a, b *target) float64 {
 	return rs[len(rs)/2]
 }
 
+// latencyRatioOf returns the median over rounds of a's p50 (pct 50) or p99
+// latency relative to b's in the same round.
+func latencyRatioOf(a, b *target, pct int) float64 {
+	pick := func(r *load.Result) time.Duration {
+		if pct == 50 {
+			return r.Latency.P50
+		}
+		return r.Latency.P99
+	}
+	rs := make([]float64, 0, len(a.results))
+	for i := range a.results {
+		if bl := pick(b.results[i]); bl > 0 {
+			rs = append(rs, float64(pick(a.results[i]))/float64(bl))
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2]
+}
+
 // median returns the result of median throughput.
 func median(rs []*load.Result) *load.Result {
 	s := slices.Clone(rs)
@@ -259,6 +286,11 @@ func report(out io.Writer, targets []*target) {
 	if len(last.results) > 1 {
 		fmt.Fprintf(out, "(median of %d rounds; a ratio is the median of the rounds' ratios)\n", len(last.results))
 	}
+	var lat []string
+	for _, b := range targets[:len(targets)-1] {
+		lat = append(lat, fmt.Sprintf("%.2fx/%.2fx %s", latencyRatioOf(last, b, 50), latencyRatioOf(last, b, 99), b.name))
+	}
+	fmt.Fprintf(out, "middleware latency ratio p50/p99: %s\n", strings.Join(lat, ", "))
 	if mw == nil {
 		return
 	}

@@ -65,6 +65,18 @@ var (
 // (acquire) and one after it (complete); a duplicate (replay or conflict)
 // makes one and writes the stored response without running the handler.
 func FloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
+	return floorHandler(c, payload, false)
+}
+
+// FlushedFloorHandler returns the floor of FloorHandler, except that a first
+// execution flushes the response to the client before its second round
+// trip, as the middleware does before it stores the response: what a first
+// execution's client waits for at best is the handler plus one round trip.
+func FlushedFloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
+	return floorHandler(c, payload, true)
+}
+
+func floorHandler(c redis.UniversalClient, payload []byte, flush bool) http.Handler {
 	next := Handler(payload)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		trip := func() error { return FloorScript.Run(r.Context(), c, []string{"load:floor"}).Err() }
@@ -74,6 +86,9 @@ func FloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 		if r.Header.Get(HeaderKind) != "dup" {
+			if flush {
+				_ = http.NewResponseController(w).Flush()
+			}
 			// The response is written: a failed second trip (a client cut
 			// off when a run's time is up) can change nothing in it.
 			_ = trip()

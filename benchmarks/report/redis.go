@@ -127,6 +127,9 @@ func redisTargets(ms *measured) [][]string {
 			rows = append(rows, ms.redisTarget(target, redisCaseNamed(j.name), j.mix, clients))
 		}
 	}
+	if len(ms.loads) > 0 {
+		rows = append(rows, ms.clientHearsTarget())
+	}
 	return append(rows, []string{"Redis round trips: replay 1, first execution 2, conflict 1",
 		"asserted per HTTP request by `TestHTTPRoundTrips` and per store call by `TestRoundTrips` (redisstore)", "**met** (tests)"})
 }

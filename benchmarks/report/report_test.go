@@ -145,3 +145,26 @@ func TestPostgresTargets(t *testing.T) {
 		t.Error("a run without PostgreSQL has targets, or a page that does not say so")
 	}
 }
+
+func TestLatencyFromOutput(t *testing.T) {
+	out := "middleware        5739   149.7µs   498.1µs        0  0.17x bare, 0.74x floor, 0.60x flushfloor\n" +
+		"middleware latency ratio p50/p99: 7.53x/3.55x bare, 1.56x/1.23x floor, 1.83x/2.38x flushfloor\n"
+	for _, c := range []struct {
+		target   string
+		p50, p99 float64
+		ok       bool
+	}{
+		{"bare", 7.53, 3.55, true},
+		{"floor", 1.56, 1.23, true},
+		{"flushfloor", 1.83, 2.38, true},
+		{"middleware", 0, 0, false},
+	} {
+		p50, p99, ok := latencyFromOutput(out, c.target)
+		if p50 != c.p50 || p99 != c.p99 || ok != c.ok {
+			t.Errorf("%s: %v %v %v; want %v %v %v", c.target, p50, p99, ok, c.p50, c.p99, c.ok)
+		}
+	}
+	if v, ok := ratioFromOutput(out, "floor"); !ok || v != 0.74 {
+		t.Errorf("throughput ratio to floor: %v %v; want 0.74", v, ok)
+	}
+}
