@@ -189,6 +189,11 @@ type Acquisition struct {
 	LeaseRemaining time.Duration
 	// Response is the stored payload, for Completed. Callers must not modify it.
 	Response *Response
+	// ExpiresIn is the time left before the record expires, for Completed,
+	// as the store's clock counts it when it answers (at least 1ms). Zero
+	// means the store does not tell; a cache in front of the store (see
+	// package replaycache) then keeps nothing.
+	ExpiresIn time.Duration
 }
 
 // Response is the stored, replayable part of a handler's response.

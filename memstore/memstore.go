@@ -169,7 +169,8 @@ func (s *Store) now() instant {
 // holds the record reports Acquired (or Stolen) again and pushes the lease
 // to at least req.Lease from now. A steal restarts the record's TTL.
 // A Completed outcome carries a Response decoded for this call, whose body
-// shares the record's bytes: readers must not modify it.
+// shares the record's bytes: readers must not modify it, and ExpiresIn, the
+// time left before the record expires on the store's clock (at least 1ms).
 //
 // A new record that finds no room under WithMaxEntries or WithMaxBytes,
 // even once expired records are purged, is refused with an error wrapping
@@ -227,7 +228,9 @@ func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest) (idempotency.
 		case rec.fingerprint != req.Fingerprint:
 			return idempotency.Acquisition{Outcome: idempotency.Mismatch}, payload{}, nil
 		case rec.complete():
-			return idempotency.Acquisition{Outcome: idempotency.Completed}, rec.done, nil
+			// live: ttlUntil is still ahead of now.
+			left := max(time.Duration(rec.ttlUntil-now), time.Millisecond)
+			return idempotency.Acquisition{Outcome: idempotency.Completed, ExpiresIn: left}, rec.done, nil
 		case rec.token == req.Token:
 			// A retry by the holder: the same answer, and a lease that
 			// runs at least req.Lease from now.

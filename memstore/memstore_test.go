@@ -81,11 +81,20 @@ func TestExpiryOnFakeClock(t *testing.T) {
 	if err := s.Complete(ctx, "k", "b", okResponse, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(time.Hour - time.Nanosecond)
+	// A replay tells the time left on the record's TTL, to the nanosecond
+	// on this clock, with the 1ms floor at the end.
+	if a = acquire(t, s, "k", "c", "fp", time.Second, time.Minute); a.ExpiresIn != time.Hour {
+		t.Fatalf("right after Complete: ExpiresIn = %v, want 1h", a.ExpiresIn)
+	}
+	clock.Advance(time.Minute)
+	if a = acquire(t, s, "k", "c", "fp", time.Second, time.Minute); a.ExpiresIn != time.Hour-time.Minute {
+		t.Fatalf("a minute after Complete: ExpiresIn = %v, want 59m", a.ExpiresIn)
+	}
+	clock.Advance(time.Hour - time.Minute - time.Nanosecond)
 	wantOutcome(t, acquire(t, s, "k", "c", "other", time.Second, time.Minute), idempotency.Mismatch, 0)
 	a = acquire(t, s, "k", "c", "fp", time.Second, time.Minute)
-	if !replays(a, okResponse) {
-		t.Fatalf("before the TTL: %+v, want the stored response", a)
+	if !replays(a, okResponse) || a.ExpiresIn != time.Millisecond {
+		t.Fatalf("before the TTL: %+v, want the stored response with the 1ms floor", a)
 	}
 	clock.Advance(time.Nanosecond)
 	wantOutcome(t, acquire(t, s, "k", "c", "other", time.Second, time.Minute), idempotency.Acquired, 1)

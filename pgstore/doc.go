@@ -15,7 +15,9 @@
 //
 // One row per record, in the table set by WithTable (DefaultTable by
 // default), which Migrate creates, or the SQL of Schema (the embedded
-// schema.sql) for teams that run their own migrations. The row holds the
+// schema.sql) for teams that run their own migrations, with a PL/pgSQL
+// function named after the table ("idempotency_records_acquire") that
+// holds the acquire's write (see below). The row holds the
 // record's state, the holder's lease token, the request's fingerprint, the
 // epoch, the lease and TTL deadlines, and, once COMPLETE, the response:
 // status, headers (the binary block that redisstore and memstore use),
@@ -38,7 +40,12 @@
 // statement, sent as one query and run as one implicit transaction (see
 // the statements' comments in sql.go for why each is correct under
 // concurrency). A replay costs one round trip (the acquire's reply carries
-// the payload); a first execution two (acquire, complete), as on Redis. A
+// the payload); a first execution two (acquire, complete), as on Redis.
+// The acquire statement is a SELECT of the row by primary key, which calls
+// the acquire function, and so writes, only when the record must be made
+// or change: a replay, a mismatch and a duplicate of a watched record in
+// flight cost what a read costs (no row lock, no write, no transaction
+// id, no WAL flush at commit). A
 // call that races another call on the same key may run its statement a
 // second time (see below). Two properties of pgx add to these counts:
 // pgx prepares a statement the first time a connection runs it (one more
@@ -49,18 +56,22 @@
 // # Concurrency
 //
 // The statements assume READ COMMITTED, the server's default. Each changes
-// the row with one command (INSERT ... ON CONFLICT DO UPDATE, UPDATE or
-// DELETE) whose WHERE clause is the whole condition of the edge; such a
-// command waits for a concurrent transaction that holds the row and judges
-// the row's latest version, under its lock. So two edges on one key are
-// ordered by the row lock, and each sees the other's result.
+// the row with one command (INSERT ... ON CONFLICT DO UPDATE in the
+// acquire function, UPDATE or DELETE) whose WHERE clause is the whole
+// condition of the edge; such a command waits for a concurrent
+// transaction that holds the row and judges the row's latest version,
+// under its lock. So two edges on one key are ordered by the row lock, and
+// each sees the other's result.
 //
 // When the command changes nothing, the statement reads the row to say
-// why (in flight, COMPLETE, another fingerprint, lease lost). That read
-// sees the statement's snapshot, which may predate a transaction that the
-// command waited for; when the read contradicts the command, the statement
-// answers so and the store runs it again, with a snapshot that includes
-// that transaction. At REPEATABLE READ or SERIALIZABLE as the server's
+// why (COMPLETE, lease lost, absent); the acquire statement reads it
+// first, and answers from it when it settles the answer (a replay,
+// another fingerprint, a watched record in flight), true at the instant
+// its snapshot was taken. That read sees the statement's snapshot, which
+// may predate a transaction that the command waited for; when the read
+// contradicts the command, the statement answers so and the store runs it
+// again, with a snapshot that includes that transaction. At REPEATABLE
+// READ or SERIALIZABLE as the server's
 // default, a statement that fails with a serialization error is run again
 // too.
 //

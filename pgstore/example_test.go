@@ -77,7 +77,7 @@ func ExampleStore_Purge() {
 }
 
 // The SQL for teams that run their own migrations: the table's name is
-// put in, quoted.
+// put in, quoted, and the acquire function is named after it.
 func ExampleSchema() {
 	for _, line := range strings.Split(pgstore.Schema("billing.idempotency_records"), "\n") {
 		if strings.HasPrefix(line, "CREATE") {
@@ -87,4 +87,5 @@ func ExampleSchema() {
 	// Output:
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_records" (
 	// CREATE INDEX IF NOT EXISTS "idempotency_records_expires_at_idx"
+	// CREATE OR REPLACE FUNCTION "billing"."idempotency_records_acquire"(
 }

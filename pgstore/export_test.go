@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,9 @@ func SetBeforeCommit(s *Store, f func(*Tx)) { s.beforeCommit = f }
 // Key returns the record's key the transaction completes.
 func (t *Tx) Key() string { return t.key }
 
+// AcquireSQL returns the statement Acquire runs.
+func AcquireSQL(s *Store) string { return s.sql.acquire }
+
 // PurgeSQL returns the statement Purge runs.
 func PurgeSQL(s *Store) string { return s.sql.purge }
 
@@ -54,19 +58,11 @@ const (
 )
 
 // AcquireCode runs the statement of Acquire once, on tx, with the
-// arguments Acquire sends for r, and returns the code it answers with, or
-// CodeRetry when it answers no row.
+// arguments Acquire sends for r, and returns the code it answers with.
 func AcquireCode(ctx context.Context, s *Store, tx pgx.Tx, r idempotency.AcquireRequest) (int, error) {
-	rows, err := tx.Query(ctx, s.sql.acquire, r.Key, r.Token, []byte(r.Fingerprint), interval(r.Lease), interval(r.TTL))
-	if err != nil {
-		return 0, err
+	code, _, err := s.acquire(ctx, tx, r)
+	if errors.Is(err, idempotency.ErrCorruptRecord) {
+		err = nil
 	}
-	defer rows.Close()
-	code := codeRetry
-	if rows.Next() {
-		if err := rows.Scan(&code, nil, nil, nil, nil, nil, nil, nil); err != nil {
-			return 0, err
-		}
-	}
-	return code, rows.Err()
+	return code, err
 }

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -238,5 +239,69 @@ func TestAcquireIgnoresRowLock(t *testing.T) {
 				t.Fatalf("the locking transaction has no transaction id (%v, %v)", held, err)
 			}
 		})
+	}
+}
+
+// TestAcquireWritesOnlyWhenNeeded replaces the acquire function that the
+// schema installs with one that fails: the acquires that change nothing
+// still answer, since their statement never calls it, and every acquire
+// that must change the record fails with the function's error.
+func TestAcquireWritesOnlyWhenNeeded(t *testing.T) {
+	pool := newReadOnlyPool(t)
+	s := newStore(t, pool)
+	// Records first (their acquires write), then the failing function.
+	type prepared struct {
+		c acquireCase
+		r idempotency.AcquireRequest
+	}
+	var cases []prepared
+	for _, c := range acquireCases {
+		r := req(randKey(), "dup")
+		if c.fp != "" {
+			r.Fingerprint = c.fp
+		}
+		c.setup(t, s, pool, r.Key)
+		cases = append(cases, prepared{c, r})
+	}
+	if _, err := pool.Exec(ctx, `CREATE OR REPLACE FUNCTION idempotency_records_acquire(
+		p_key text, p_token text, p_fingerprint bytea, p_lease interval, p_ttl interval, n timestamptz)
+		RETURNS bigint[]
+		LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the write ran'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range cases {
+		t.Run(p.c.name, func(t *testing.T) {
+			a, err := s.Acquire(ctx, p.r)
+			if p.c.writes {
+				if err == nil || !strings.Contains(err.Error(), "the write ran") {
+					t.Errorf("Acquire: %+v, %v; want the function's error", a, err)
+				}
+				return
+			}
+			checkOutcome(t, p.c, a, err)
+		})
+	}
+}
+
+// TestAcquirePlan: the plan of the acquire statement holds no INSERT (no
+// ModifyTable node), so an acquire that changes nothing does not pay for
+// setting one up: it is a read of the row by primary key.
+func TestAcquirePlan(t *testing.T) {
+	pool := newPool(t)
+	s := newStore(t, pool)
+	r := req(randKey(), "dup")
+	completed(t, s, pool, r.Key)
+	var plan string
+	if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+pgstore.AcquireSQL(s),
+		r.Key, r.Token, []byte(r.Fingerprint), r.Lease, r.TTL).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, `"Index Name": "idempotency_records_pkey"`) {
+		t.Errorf("the plan reads no row by primary key:\n%s", plan)
+	}
+	for _, node := range []string{"ModifyTable", "CTE Scan", "Append"} {
+		if strings.Contains(plan, `"Node Type": "`+node+`"`) {
+			t.Errorf("the plan holds a %s node:\n%s", node, plan)
+		}
 	}
 }

@@ -19,8 +19,9 @@ var schemaSQL string
 
 // The quoted names schema.sql is written with, replaced by Schema.
 const (
-	schemaTable = `"idempotency_records"`
-	schemaIndex = `"idempotency_records_expires_at_idx"`
+	schemaTable   = `"idempotency_records"`
+	schemaIndex   = `"idempotency_records_expires_at_idx"`
+	schemaAcquire = `"idempotency_records_acquire"`
 )
 
 // maxIdentifier is PostgreSQL's longest identifier, in bytes (NAMEDATALEN-1).
@@ -32,9 +33,10 @@ var identifierPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // table is a validated table name.
 type table struct {
-	parts  []string // [name] or [schema, name]
-	quoted string   // for SQL: "schema"."name"
-	index  string   // the quoted name of its expires_at index
+	parts   []string // [name] or [schema, name]
+	quoted  string   // for SQL: "schema"."name"
+	index   string   // the quoted name of its expires_at index
+	acquire string   // the quoted name of its acquire function: "schema"."name_acquire"
 }
 
 // parseTable validates name: one identifier, or two joined by a dot (schema
@@ -50,16 +52,25 @@ func parseTable(name string) (table, error) {
 			return table{}, fmt.Errorf("pgstore: table name %q: %q is not an identifier of 1 to %d letters, digits and underscores", name, p, maxIdentifier)
 		}
 	}
-	// An index lives in its table's schema and is named without it.
-	index := parts[len(parts)-1] + "_expires_at_idx"
-	if len(index) > maxIdentifier {
-		index = index[:maxIdentifier] // as PostgreSQL itself would truncate it
-	}
+	// An index lives in its table's schema and is named without it; the
+	// acquire function is put in the table's schema.
+	last := parts[len(parts)-1]
+	acquire := append(parts[:len(parts)-1:len(parts)-1], truncate(last+"_acquire"))
 	return table{
-		parts:  parts,
-		quoted: pgx.Identifier(parts).Sanitize(),
-		index:  pgx.Identifier{index}.Sanitize(),
+		parts:   parts,
+		quoted:  pgx.Identifier(parts).Sanitize(),
+		index:   pgx.Identifier{truncate(last + "_expires_at_idx")}.Sanitize(),
+		acquire: pgx.Identifier(acquire).Sanitize(),
 	}, nil
+}
+
+// truncate cuts a name to maxIdentifier bytes, as PostgreSQL itself would
+// (the names are ASCII).
+func truncate(name string) string {
+	if len(name) > maxIdentifier {
+		return name[:maxIdentifier]
+	}
+	return name
 }
 
 // mustTable is parseTable for options and Schema: a bad name is a
@@ -72,19 +83,24 @@ func mustTable(name string) table {
 	return t
 }
 
-// Schema returns the SQL that creates the table named name and its index:
-// the embedded schema.sql with the name put in, quoted. Every statement in
-// it is idempotent (CREATE ... IF NOT EXISTS), so it can be run on every
-// start, or added to a migration tool's files by teams that manage their
-// own migrations. name is a table (DefaultTable, for instance) or a
-// schema-qualified table ("billing.idempotency"); the names are quoted, so
-// they are case-sensitive. Schema panics when name is not such a name.
+// Schema returns the SQL that creates the table named name, its index and
+// the function that the acquire statement calls to write (named after the
+// table with "_acquire" appended, in the table's schema): the embedded
+// schema.sql with the names put in, quoted. Every statement in it is
+// idempotent (CREATE ... IF NOT EXISTS, CREATE OR REPLACE FUNCTION), so it
+// can be run on every start, or added to a migration tool's files by teams
+// that manage their own migrations; run it again after upgrading pgstore,
+// since a new version may change the function. name is a table
+// (DefaultTable, for instance) or a schema-qualified table
+// ("billing.idempotency"); the names are quoted, so they are
+// case-sensitive. Schema panics when name is not such a name.
 func Schema(name string) string {
 	t := mustTable(name)
-	return strings.NewReplacer(schemaIndex, t.index, schemaTable, t.quoted).Replace(schemaSQL)
+	return strings.NewReplacer(schemaIndex, t.index, schemaAcquire, t.acquire, schemaTable, t.quoted).Replace(schemaSQL)
 }
 
 // Migrate creates the store's table and its index when they do not exist,
+// and creates or replaces the function that the acquire statement calls,
 // in one transaction under an advisory lock, so that instances starting
 // together do not race each other. It takes the options of New, of which
 // only WithTable matters, and panics on a bad option as New does. The

@@ -4,41 +4,49 @@ import "strings"
 
 // The statements, one per edge. Each is sent as one query (one round trip)
 // and runs as one implicit transaction, or inside the handler's transaction
-// for Tx.Complete. "{table}" stands for the quoted table name.
+// for Tx.Complete. "{table}" stands for the quoted table name, "{acquire}"
+// for the quoted name of the acquire function that schema.sql installs
+// beside the table.
 //
-// Every statement reads the server's clock once, in the CTE now
-// (clock_timestamp(), materialized so it is read once), and judges every
-// lease and TTL against that instant.
+// Every statement reads the server's clock once, in now (clock_timestamp()
+// in a materialized CTE, or in a subquery whose single row the acquire
+// statement joins, so it is read once), and judges every lease and TTL
+// against that instant; the acquire statement hands it to its function.
 //
 // Each statement changes the row with one data-modifying command (INSERT
-// ... ON CONFLICT DO UPDATE, UPDATE or DELETE), whose WHERE clause is the
-// whole condition for the edge. Under READ COMMITTED such a command sees
-// the latest committed version of the row: when another transaction
-// changed the row, it waits for that transaction to end, locks the row and
-// evaluates its condition again on the new version (INSERT ... ON CONFLICT
-// does the same for a row another transaction inserted). So the condition
-// and the change are atomic, and two edges on one key are ordered by the
-// row lock.
+// ... ON CONFLICT DO UPDATE in the acquire function, UPDATE or DELETE),
+// whose WHERE clause is the whole condition for the edge. Under READ
+// COMMITTED such a command sees the latest committed version of the row:
+// when another transaction changed the row, it waits for that transaction
+// to end, locks the row and evaluates its condition again on the new
+// version (INSERT ... ON CONFLICT does the same for a row another
+// transaction inserted). So the condition and the change are atomic, and
+// two edges on one key are ordered by the row lock.
 //
-// When the command changed nothing, the statement reads the row to tell
-// the caller why (in flight, completed, mismatch, lease lost). That read is
-// a plain SELECT and sees the statement's snapshot, which can be older than
-// the version the command judged: a transaction may have committed in
-// between (for instance the INSERT of a concurrent first request, which
-// the snapshot does not see at all). The read answers only when its version
-// alone settles the answer, which is then true at the instant the snapshot
-// was taken (within the call); when it contradicts the command (a row the
-// command would have changed, or, for acquire, no row at all) it answers
-// codeRetry, and the store runs the statement again: the new statement's
-// snapshot includes the commit it waited for. That costs a second round
-// trip only to calls that race another call on the same key. (For
+// Complete, release and extend run their command first; when it changed
+// nothing, the statement reads the row to tell the caller why (completed,
+// lease lost, absent). The acquire statement reads the row first, and runs
+// its command only when that version asks for a change (see acquireSQL).
+// That read is a plain SELECT and sees the statement's snapshot, which can
+// be older than the version the command judged: a transaction may have
+// committed in between (for instance the INSERT of a concurrent first
+// request, which the snapshot does not see at all). The read answers only
+// when its version alone settles the answer, which is then true at the
+// instant the snapshot was taken (within the call); when it contradicts the
+// command (a row the command would have changed, or, for acquire, a row or
+// no row that asked for a change the command did not make) the statement
+// answers codeRetry, and the store runs it again: the new statement's
+// snapshot includes the commit the command waited for. That costs a second
+// round trip only to calls that race another call on the same key. (For
 // complete, release and extend, no row at all means no record: the
 // caller's own acquire committed before, so its row is in the snapshot
 // unless it was deleted since.)
 //
 // The numbers the statements answer with are the constants below.
 
-// Answer codes, in the first column of every statement's result.
+// Answer codes: the first column of the complete, release and extend
+// statements' result, and the first element of the acquire function's;
+// Store.Acquire reads the acquire statement's other answers from the row.
 const (
 	codeCorrupt = -1 // the row is not a record (an unknown state)
 	codeRetry   = 0  // the row changed under the statement: run it again
@@ -60,28 +68,51 @@ const (
 //
 //	$1 key, $2 token, $3 fingerprint, $4 lease, $5 TTL
 //
-// The statement first reads the row, cur, from its snapshot, and judges
-// it against now: code says what that version alone settles. A nonzero
-// code is the answer and nothing is written: -1 a row that is not a
-// record, 5 another fingerprint (live, in progress or COMPLETE), 3 a live
-// COMPLETE record with the same fingerprint (a replay, whose payload comes
-// back in the same round trip), 4 in flight under another token's live
-// lease and already watched. Zero means the record may have to change
-// (expired, the caller's own token, a lease that has run out, not yet
-// watched), and no row means there is no record.
+// It is a SELECT of the row, r, by primary key, from the statement's
+// snapshot, left-joined to one reading of the server's clock, now, so that
+// it answers one row even when there is no record. (A subquery that calls
+// a volatile function is not merged into the query: its one row, read
+// once while the statement runs, after the snapshot is taken, is the
+// join's outer side.) Its columns are r's state, whether r has the
+// caller's fingerprint, r's epoch, lease and expiry, now, r's payload
+// (status, headers, body, body_omitted) and, last, written: what the write
+// answered, when there was one.
 //
-// Only then does the INSERT propose a row: its SELECT produces none when
-// cur settled the answer, so ON CONFLICT is never reached, and the
-// statement locks no row, writes nothing and takes no transaction id (its
-// implicit commit writes no WAL and waits for no flush); concurrent
-// replays of one key do not wait for each other, nor for a transaction
-// holding the row. The relation lock every INSERT takes (ROW EXCLUSIVE)
-// stays; it conflicts with none of the edges' locks.
+// When r alone settles the answer, nothing is written, and the store reads
+// the answer from r (see Store.Acquire):
 //
-// The INSERT proposes a fresh record (epoch 1, lease and TTL from now).
-// The proposed row, excluded, carries now as updated_at, and its lease and
-// TTL deadlines. When the key exists, ON CONFLICT DO UPDATE locks the
-// row's latest version, r, however recent, and changes it in four cases:
+//   - a row without expiry (expires_at is NULL for an unknown state) is
+//     not a record (codeCorrupt);
+//   - a live record with another fingerprint, in progress or COMPLETE
+//     (acquireMismatch);
+//   - a live COMPLETE record with the same fingerprint (acquireCompleted): a
+//     replay, whose payload and expiry come back in the same round trip;
+//   - a live record in progress with the same fingerprint under another
+//     token's live lease, already watched (acquireInFlight), with the
+//     lease left.
+//
+// Otherwise the record must be made or change: there is no row, or r has
+// expired, or it is in progress with the same fingerprint and either held
+// by the caller's token (a retried acquire), past its lease, or not yet
+// watched. Then, and only then, the CASE of the last column calls the
+// acquire function that the schema installs beside the table ({acquire},
+// see schema.sql) with now; it runs the write, INSERT ... ON CONFLICT
+// (key) DO UPDATE ... WHERE, and answers {code, epoch, lease left in
+// microseconds}.
+//
+// So a replay, a mismatch and a watched record in flight are a plain
+// SELECT by primary key: no row lock, no write, no transaction id (the
+// implicit commit writes no WAL and waits for no flush), only the ACCESS
+// SHARE lock of any read, and none of the INSERT's executor set-up, which
+// a plan holding the INSERT would pay on every execution, even when it
+// proposes no row (the ON CONFLICT projections, the indexes, the stored
+// generated column's expression). Concurrent replays of one key do not
+// wait for each other, nor for a transaction holding the row.
+//
+// The write proposes a fresh record (epoch 1, lease and TTL from now). The
+// proposed row, excluded, carries now as updated_at, and its lease and TTL
+// deadlines. When the key exists, ON CONFLICT DO UPDATE locks the row's
+// latest version, r, however recent, and changes it in four cases:
 //
 //   - r has expired (past its TTL, and past its lease while in progress):
 //     it is absent, so the caller gets a fresh record at epoch 1;
@@ -100,131 +131,63 @@ const (
 // In the first three cases the caller runs the handler, and the new epoch
 // says how: 1 is Acquired, more is Stolen. Those rows, and the fourth
 // case's, come back through RETURNING: the version of the row that the
-// command locked and judged. So every write is judged on the latest
-// version, under its lock, as the statements above are.
+// command locked and judged (code 1 when the caller's token holds it, 4
+// when another's does). So every write is judged on the latest version,
+// under its lock, as the statements above are.
 //
-// When the command changed nothing although cur asked for it, r differs
-// from cur: a transaction committed after the snapshot (cur shows a row
-// the command would have changed, or none: the INSERT of a concurrent
-// first request). The statement answers codeRetry, or no row at all, and
-// the store runs it again with a snapshot that includes that commit.
+// The function is VOLATILE, so under READ COMMITTED its INSERT runs with a
+// snapshot of its own, taken after the SELECT's; ON CONFLICT judges the
+// latest version whatever the snapshot. It runs in the statement's
+// transaction, so its row lock is held until the statement commits. When
+// the command changed nothing although the SELECT asked for a change, r
+// differs from the version the SELECT read: a transaction committed after
+// the snapshot (the snapshot shows a row the command would have changed,
+// or none: the INSERT of a concurrent first request). The function answers
+// code 0 (codeRetry), and the store runs the statement again with a
+// snapshot that includes that commit.
 //
 // Why an answer from the snapshot alone is right. The snapshot is taken
 // when the statement starts, at instant S, and now is read after it, at
-// T >= S, both within the call. cur is the version of the row that was
-// the latest at S, and its code judges its deadlines against T, so a
+// T >= S, both within the call. r is the version of the row that was the
+// latest at S, and the statement judges its deadlines against T, so a
 // deadline it finds still ahead was ahead at S too:
 //
-//   - a live COMPLETE record with the same fingerprint (3) is still the
-//     latest version at T: a COMPLETE record changes only by expiring.
+//   - a live COMPLETE record with the same fingerprint (a replay) is still
+//     the latest version at T: a COMPLETE record changes only by expiring.
 //     Complete, release, extend and Watch change in-progress rows only,
 //     the ON CONFLICT update and the purge change a COMPLETE row only once
 //     expired on their own clock reading, after its TTL deadline, which
 //     is after T. So the replay is true at T, and the payload is the
 //     record's;
-//   - another fingerprint (5) was the record's at S: the record was live
-//     at S, and a live record's fingerprint never changes (the update sets
-//     it only on an expired record, or to the same one). The record may
-//     have been released or completed since, but at S it was there with
-//     that fingerprint, so Mismatch was true at S;
-//   - in flight (4): at S the record was in progress under another
-//     token's lease ending after T, so InFlight was true at S, and the
-//     remaining lease, counted from T, is no longer than what remained at
-//     S. The record was watched at S, and stays watched until it is
-//     released, completed or expires (no edge clears the flag on a live
-//     record), so a waiter that goes on to watch it is notified of the
-//     holder's complete or release. Were the record stolen, completed or
-//     released since S, the waiter's re-check sees it;
-//   - a row that is not a record (-1) is left as it is, whatever the
-//     command would have judged: an edge never writes one.
+//   - another fingerprint (a mismatch) was the record's at S: the record
+//     was live at S, and a live record's fingerprint never changes (the
+//     update sets it only on an expired record, or to the same one). The
+//     record may have been released or completed since, but at S it was
+//     there with that fingerprint, so Mismatch was true at S;
+//   - in flight: at S the record was in progress under another token's
+//     lease ending after T, so InFlight was true at S, and the remaining
+//     lease, counted from T, is no longer than what remained at S. The
+//     record was watched at S, and stays watched until it is released,
+//     completed or expires (no edge clears the flag on a live record), so
+//     a waiter that goes on to watch it is notified of the holder's
+//     complete or release. Were the record stolen, completed or released
+//     since S, the waiter's re-check sees it;
+//   - a row that is not a record is left as it is, whatever the write
+//     would have judged: an edge never writes one.
 //
-// Every answer the write path gives is judged on the locked latest
-// version, as before, so two acquires that both change a record are
-// ordered by its row lock.
+// Every answer the write gives is judged on the locked latest version, so
+// two acquires that both change a record are ordered by its row lock.
 const acquireSQL = `
-WITH now AS MATERIALIZED (SELECT clock_timestamp() AS n),
-cur AS MATERIALIZED (
-	SELECT
-		CASE
-			WHEN r.expires_at IS NULL THEN -1
-			WHEN r.expires_at <= now.n THEN 0
-			WHEN r.fingerprint <> $3::bytea THEN 5
-			WHEN r.state = 'complete' THEN 3
-			WHEN r.token = $2::text OR r.lease_until <= now.n OR NOT r.watched THEN 0
-			ELSE 4
-		END AS code,
-		r.epoch, r.lease_until, r.state, r.status, r.headers, r.body, r.body_omitted
-	FROM {table} r, now
-	WHERE r.key = $1::text
-),
-changed AS (
-	INSERT INTO {table} AS r
-		(key, state, token, fingerprint, epoch, lease_until, ttl_until, updated_at)
-	SELECT $1::text, 'in_progress', $2::text, $3::bytea, 1, n + $4::interval, n + $5::interval, n
-	FROM now
-	WHERE NOT EXISTS (SELECT FROM cur WHERE cur.code <> 0)
-	ON CONFLICT (key) DO UPDATE SET
-		state = 'in_progress',
-		fingerprint = excluded.fingerprint,
-		token = CASE
-			WHEN r.expires_at > excluded.updated_at AND r.token <> excluded.token
-				AND r.lease_until > excluded.updated_at
-			THEN r.token -- in flight
-			ELSE excluded.token
-		END,
-		epoch = CASE
-			WHEN r.expires_at <= excluded.updated_at THEN 1
-			WHEN r.token = excluded.token OR r.lease_until > excluded.updated_at THEN r.epoch
-			ELSE r.epoch + 1
-		END,
-		lease_until = CASE
-			WHEN r.expires_at <= excluded.updated_at THEN excluded.lease_until
-			WHEN r.token = excluded.token THEN greatest(r.lease_until, excluded.lease_until)
-			WHEN r.lease_until <= excluded.updated_at THEN excluded.lease_until
-			ELSE r.lease_until -- in flight
-		END,
-		ttl_until = CASE
-			WHEN r.expires_at <= excluded.updated_at
-				OR (r.token <> excluded.token AND r.lease_until <= excluded.updated_at)
-			THEN excluded.ttl_until
-			ELSE r.ttl_until
-		END,
-		watched = CASE
-			WHEN r.expires_at <= excluded.updated_at THEN false
-			WHEN r.token <> excluded.token AND r.lease_until > excluded.updated_at THEN true
-			ELSE r.watched
-		END,
-		status = NULL, headers = NULL, body = NULL, body_omitted = NULL,
-		updated_at = CASE
-			WHEN r.expires_at > excluded.updated_at AND r.token <> excluded.token
-				AND r.lease_until > excluded.updated_at
-			THEN r.updated_at -- in flight
-			ELSE excluded.updated_at
-		END
-	WHERE r.expires_at <= excluded.updated_at
-		OR (r.state = 'in_progress' AND r.fingerprint = excluded.fingerprint
-			AND (r.token = excluded.token OR r.lease_until <= excluded.updated_at OR NOT r.watched))
-	RETURNING r.token, r.epoch, r.lease_until
-)
-SELECT CASE WHEN c.token = $2 THEN 1 ELSE 4 END AS code,
-	c.epoch,
-	ceil(extract(epoch FROM c.lease_until - now.n) * 1000000)::bigint AS remaining_us,
-	NULL::text AS state,
-	NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body,
-	NULL::boolean AS body_omitted
-FROM changed c, now
-UNION ALL
-SELECT
-	cur.code,
-	cur.epoch,
-	ceil(extract(epoch FROM cur.lease_until - now.n) * 1000000)::bigint,
-	cur.state,
-	CASE WHEN cur.state = 'complete' THEN cur.status END,
-	CASE WHEN cur.state = 'complete' THEN cur.headers END,
-	CASE WHEN cur.state = 'complete' THEN cur.body END,
-	CASE WHEN cur.state = 'complete' THEN cur.body_omitted END
-FROM cur, now
-WHERE NOT EXISTS (SELECT FROM changed)`
+SELECT r.state, r.fingerprint = $3::bytea, r.epoch, r.lease_until, r.expires_at, now.n,
+	r.status, r.headers, r.body, r.body_omitted,
+	CASE
+		WHEN r.key IS NULL OR r.expires_at <= now.n
+			OR (r.state = 'in_progress' AND r.fingerprint = $3::bytea
+				AND (r.token = $2::text OR r.lease_until <= now.n OR NOT r.watched))
+		THEN {acquire}($1::text, $2::text, $3::bytea, $4::interval, $5::interval, now.n)
+	END
+FROM (SELECT clock_timestamp() AS n) now
+LEFT JOIN {table} r ON r.key = $1::text`
 
 // completeSQL is the complete edge, for Store.Complete and, inside the
 // handler's transaction, for Tx.Complete (the fence).
@@ -355,7 +318,7 @@ type statements struct {
 }
 
 func newStatements(t table) statements {
-	put := func(s string) string { return strings.ReplaceAll(s, "{table}", t.quoted) }
+	put := strings.NewReplacer("{table}", t.quoted, "{acquire}", t.acquire).Replace
 	return statements{
 		acquire:  put(acquireSQL),
 		complete: put(completeSQL),

@@ -14,6 +14,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -162,64 +163,112 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, fmt.Errorf("pgstore: lease %v and TTL %v must be positive", req.Lease, req.TTL)
 	}
 	for range maxAttempts {
-		var (
-			code        int
-			epoch       int64
-			remainingUS *int64
-			state       *string
-			status      *int32
-			headers     []byte
-			body        []byte
-			omitted     *bool
-		)
-		err := s.pool.QueryRow(ctx, s.sql.acquire, req.Key, req.Token, []byte(req.Fingerprint),
-			interval(req.Lease), interval(req.TTL)).
-			Scan(&code, &epoch, &remainingUS, &state, &status, &headers, &body, &omitted)
+		code, a, err := s.acquire(ctx, s.pool, req)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows), retryable(err):
-			// No row: the row that conflicted is newer than the snapshot.
+		case retryable(err), err == nil && code == codeRetry:
 			s.retries.Add(1)
 			continue
 		case err != nil:
-			return idempotency.Acquisition{}, fmt.Errorf("pgstore: acquire %s: %w", req.Key, err)
+			return idempotency.Acquisition{}, err
 		}
-		switch code {
-		case acquireTaken:
-			if epoch < 1 {
-				break
-			}
+		return a, nil
+	}
+	return idempotency.Acquisition{}, changingError("acquire", req.Key)
+}
+
+// acquire runs acquireSQL once on q and returns its answer: the code (see
+// the constants) and, unless the code is codeRetry, the acquisition. The
+// statement's SELECT answers a replay, a mismatch, a watched record in
+// flight and a row that is not a record from its snapshot; its last
+// column, written, holds the write's answer when the row asked for one.
+func (s *Store) acquire(ctx context.Context, q querier, req idempotency.AcquireRequest) (int, idempotency.Acquisition, error) {
+	// Value types with a Valid flag, not pointers: nothing to allocate per
+	// column.
+	var (
+		state      pgtype.Text
+		sameFP     pgtype.Bool
+		epoch      pgtype.Int8
+		leaseUntil pgtype.Timestamptz
+		expiresAt  pgtype.Timestamptz
+		now        time.Time
+		status     pgtype.Int4
+		headers    []byte
+		body       []byte
+		omitted    pgtype.Bool
+		written    []int64
+	)
+	err := q.QueryRow(ctx, s.sql.acquire, req.Key, req.Token, []byte(req.Fingerprint),
+		interval(req.Lease), interval(req.TTL)).
+		Scan(&state, &sameFP, &epoch, &leaseUntil, &expiresAt, &now, &status, &headers, &body, &omitted, &written)
+	if err != nil {
+		if !retryable(err) {
+			err = fmt.Errorf("pgstore: acquire %s: %w", req.Key, err)
+		}
+		return 0, idempotency.Acquisition{}, err
+	}
+	unexpected := func(what string) (int, idempotency.Acquisition, error) {
+		return 0, idempotency.Acquisition{}, fmt.Errorf("pgstore: acquire %s: unexpected answer: %s", req.Key, what)
+	}
+	if written != nil {
+		// The write ran: {code, epoch, lease left in microseconds}.
+		if len(written) != 3 {
+			return unexpected(fmt.Sprintf("the write answered %v", written))
+		}
+		code, epoch, remainingUS := int(written[0]), written[1], written[2]
+		switch {
+		case code == codeRetry:
+			return codeRetry, idempotency.Acquisition{}, nil
+		case epoch < 1:
+		case code == acquireTaken:
 			o := idempotency.Acquired
 			if epoch > 1 {
 				o = idempotency.Stolen
 			}
-			return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
-		case acquireCompleted:
-			resp, err := decode(status, headers, body, omitted)
-			if err != nil {
-				return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, req.Key)
-			}
-			return idempotency.Acquisition{Outcome: idempotency.Completed, Epoch: uint64(max(epoch, 0)), Response: resp}, nil
-		case acquireInFlight:
-			if remainingUS == nil || epoch < 1 {
-				break
-			}
-			remaining := time.Duration(*remainingUS) * time.Microsecond
-			return idempotency.Acquisition{
-				Outcome:        idempotency.InFlight,
-				Epoch:          uint64(epoch),
-				LeaseRemaining: max(remaining, time.Millisecond),
-			}, nil
-		case acquireMismatch:
-			return idempotency.Acquisition{Outcome: idempotency.Mismatch}, nil
-		case codeCorrupt:
-			return idempotency.Acquisition{}, corruptState(req.Key, state)
-		case codeRetry:
-			s.retries.Add(1)
-			continue
+			return code, idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
+		case code == acquireInFlight:
+			return code, inFlight(epoch, time.Duration(remainingUS)*time.Microsecond), nil
 		}
-		return idempotency.Acquisition{}, fmt.Errorf("pgstore: acquire %s: unexpected answer %d (epoch %d)", req.Key, code, epoch)
+		return unexpected(fmt.Sprintf("the write answered %v", written))
 	}
-	return idempotency.Acquisition{}, changingError("acquire", req.Key)
+	// No write: the row from the snapshot settles the answer. The
+	// statement called the write for no row, an expired record, and a
+	// record in progress with the same fingerprint that is the caller's,
+	// past its lease or not yet watched; these are the other cases, in the
+	// order the statement's condition tells them apart.
+	switch {
+	case !state.Valid:
+		return unexpected("no row, and no write")
+	case !expiresAt.Valid:
+		return codeCorrupt, idempotency.Acquisition{}, corruptState(req.Key, &state.String)
+	case !sameFP.Valid || !epoch.Valid || !leaseUntil.Valid:
+		return unexpected("a record without fingerprint, epoch or lease")
+	case !sameFP.Bool:
+		return acquireMismatch, idempotency.Acquisition{Outcome: idempotency.Mismatch}, nil
+	case state.String == "complete":
+		resp, err := decode(status, headers, body, omitted)
+		if err != nil {
+			return 0, idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, req.Key)
+		}
+		return acquireCompleted, idempotency.Acquisition{
+			Outcome:   idempotency.Completed,
+			Epoch:     uint64(max(epoch.Int64, 0)),
+			Response:  resp,
+			ExpiresIn: max(expiresAt.Time.Sub(now), time.Millisecond),
+		}, nil
+	case epoch.Int64 < 1:
+		return unexpected(fmt.Sprintf("a record in progress at epoch %d", epoch.Int64))
+	}
+	return acquireInFlight, inFlight(epoch.Int64, leaseUntil.Time.Sub(now)), nil
+}
+
+// inFlight is the answer for a record in progress under another token's
+// lease, with remaining left of it.
+func inFlight(epoch int64, remaining time.Duration) idempotency.Acquisition {
+	return idempotency.Acquisition{
+		Outcome:        idempotency.InFlight,
+		Epoch:          uint64(epoch),
+		LeaseRemaining: max(remaining, time.Millisecond),
+	}
 }
 
 // changingError reports a statement that found the row changed under it
@@ -239,17 +288,17 @@ func corruptState(key string, state *string) error {
 // decode rebuilds a COMPLETE record's response from its columns. Anything
 // missing, unreadable or inconsistent is an error wrapping
 // idempotency.ErrCorruptRecord.
-func decode(status *int32, headers, body []byte, omitted *bool) (*idempotency.Response, error) {
-	if status == nil || headers == nil || body == nil || omitted == nil {
+func decode(status pgtype.Int4, headers, body []byte, omitted pgtype.Bool) (*idempotency.Response, error) {
+	if !status.Valid || headers == nil || body == nil || !omitted.Valid {
 		return nil, fmt.Errorf("%w: a COMPLETE row without status, headers, body or body_omitted", idempotency.ErrCorruptRecord)
 	}
 	resp, err := wire.Decode(string(headers), string(body))
 	if err != nil {
 		return nil, err
 	}
-	if int32(resp.Status) != *status || resp.BodyOmitted != *omitted {
+	if int32(resp.Status) != status.Int32 || resp.BodyOmitted != omitted.Bool {
 		return nil, fmt.Errorf("%w: status %d and body_omitted %v disagree with the headers block (%d, %v)",
-			idempotency.ErrCorruptRecord, *status, *omitted, resp.Status, resp.BodyOmitted)
+			idempotency.ErrCorruptRecord, status.Int32, omitted.Bool, resp.Status, resp.BodyOmitted)
 	}
 	return resp, nil
 }

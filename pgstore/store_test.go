@@ -67,7 +67,7 @@ func TestOptionsPanic(t *testing.T) {
 }
 
 // TestSchema: the SQL for another table names it, quoted, everywhere the
-// default name stood, and names its index after it.
+// default name stood, and names its index and acquire function after it.
 func TestSchema(t *testing.T) {
 	def := pgstore.Schema(pgstore.DefaultTable)
 	if !strings.Contains(def, `CREATE TABLE IF NOT EXISTS "idempotency_records" (`) ||
@@ -79,6 +79,8 @@ func TestSchema(t *testing.T) {
 		`CREATE TABLE IF NOT EXISTS "billing"."Idem" (`,
 		`CREATE INDEX IF NOT EXISTS "Idem_expires_at_idx"`,
 		`ON "billing"."Idem" (expires_at);`,
+		`CREATE OR REPLACE FUNCTION "billing"."Idem_acquire"(`,
+		`INSERT INTO "billing"."Idem" AS r`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("Schema(billing.Idem) lacks %s", want)
@@ -87,10 +89,14 @@ func TestSchema(t *testing.T) {
 	if strings.Contains(got, `"idempotency_records`) {
 		t.Errorf("Schema(billing.Idem) still names the default table:\n%s", got)
 	}
-	// An index name is cut to 63 bytes, as PostgreSQL would cut it.
+	// An index or function name is cut to 63 bytes, as PostgreSQL would
+	// cut it.
 	long := pgstore.Schema(strings.Repeat("x", 60))
 	if !strings.Contains(long, `"`+strings.Repeat("x", 60)+`_ex"`) {
 		t.Errorf("long table name: index not cut to 63 bytes:\n%s", long)
+	}
+	if !strings.Contains(long, `FUNCTION "`+strings.Repeat("x", 60)+`_ac"(`) {
+		t.Errorf("long table name: function not cut to 63 bytes:\n%s", long)
 	}
 }
 
@@ -135,6 +141,28 @@ func TestMigrate(t *testing.T) {
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass('public.idempotency_records') IS NOT NULL`).Scan(&exists); err != nil || exists {
 		t.Fatalf("the default table exists (%v, %v)", exists, err)
+	}
+}
+
+// TestMigrateLongName: with a table name of 63 bytes, the names of its
+// index and acquire function are cut as PostgreSQL cuts them, and the
+// store finds its function: a first acquire, a completion and a replay
+// work.
+func TestMigrateLongName(t *testing.T) {
+	pool := pgtest.Pool(t)
+	opts := []pgstore.Option{pgstore.WithTable(strings.Repeat("x", 63)), pgstore.WithChannel("idem")}
+	if err := pgstore.Migrate(ctx, pool, opts...); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, pool, opts...)
+	key := randKey()
+	mustAcquire(t, s, req(key, "t"), idempotency.Acquired)
+	if err := s.Complete(ctx, key, "t", sampleResponse(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	a := mustAcquire(t, s, req(key, "dup"), idempotency.Completed)
+	if a.Response.Status != 201 {
+		t.Fatalf("replayed %+v", a.Response)
 	}
 }
 

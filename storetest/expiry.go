@@ -11,6 +11,11 @@ import (
 // when a test checks that something did not happen too early.
 const clockSlack = 5 * time.Millisecond
 
+// expiresInSlack is how much less than the TTL left since Complete a
+// replay's ExpiresIn may be: a store may round, and a cache in front of
+// one counts from when it sent the call, before the store read its clock.
+const expiresInSlack = time.Second
+
 var ttlCases = []testCase{
 	{"CompleteExpires", func(t *testing.T, h *harness) {
 		key, owner := newKey(), newToken()
@@ -36,6 +41,32 @@ var ttlCases = []testCase{
 		h.complete(key, owner, sampleResponse("a"), longTTL)
 		sleepUntil(start.Add(2 * ttl))
 		h.wantReplay(key, "fp", sampleResponse("a"))
+	}},
+	{"ExpiresIn", func(t *testing.T, h *harness) {
+		// A replay tells the time left on the record's TTL, on the store's
+		// clock: at most the TTL, no less than what remains of it since
+		// Complete was called, and less as the store's clock moves on.
+		key, owner := newKey(), newToken()
+		const ttl, pause = time.Minute, 50 * time.Millisecond
+		h.acquireWant(req(key, owner, "fp", longLease, longTTL), idempotency.Acquired, 1)
+		completing := time.Now()
+		h.complete(key, owner, sampleResponse("a"), ttl)
+		replay := func() time.Duration {
+			t.Helper()
+			a := h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.Completed, 0)
+			// The store set the TTL after completing began, and answered
+			// before now.
+			since := time.Since(completing)
+			if least := ttl - since - expiresInSlack; a.ExpiresIn > ttl || a.ExpiresIn < least {
+				t.Fatalf("ExpiresIn = %v with a TTL of %v set %v ago, want in [%v, %[2]v]", a.ExpiresIn, ttl, since, least)
+			}
+			return a.ExpiresIn
+		}
+		first := replay()
+		time.Sleep(pause)
+		if second := replay(); second > first-pause+clockSlack {
+			t.Fatalf("ExpiresIn = %v, then %v after %v: want it to shrink as the clock moves", first, second, pause)
+		}
 	}},
 	{"SameFingerprintAfterExpiry", func(t *testing.T, h *harness) {
 		key, owner := newKey(), newToken()

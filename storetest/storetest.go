@@ -14,10 +14,12 @@
 //
 // Run checks every state and edge of the Store contract (acquire, steal,
 // complete, release, extend, purge), fencing of stale owners, TTL and lease
-// expiry, Watch notifications, retried calls (a retried Acquire by the
-// holder renews its lease, even one that ran out, unless another token took
-// the record over) and races between many goroutines. Each check is a named subtest, so a single one can be run with
-// -run, for example
+// expiry (and the time left that a replay reports in
+// Acquisition.ExpiresIn), Watch notifications, retried calls (a retried
+// Acquire by the holder renews its lease, even one that ran out, unless
+// another token took the record over) and races between many goroutines.
+// Each check is a named subtest, so a single one can be run with -run, for
+// example
 //
 //	go test -run 'TestConformance/Fencing/StaleOwner' ./mystore
 //
@@ -162,6 +164,10 @@ func (h *harness) want(a idempotency.Acquisition, o idempotency.Outcome, epoch u
 	case idempotency.Completed:
 		if a.Response == nil {
 			h.t.Fatalf("Acquire outcome completed with a nil Response")
+		}
+		// Every Complete of the suite keeps its record for longTTL at most.
+		if a.ExpiresIn < time.Millisecond || a.ExpiresIn > longTTL {
+			h.t.Fatalf("Acquire completed ExpiresIn = %v, want in [1ms, %v]", a.ExpiresIn, longTTL)
 		}
 	case idempotency.InFlight:
 		if a.LeaseRemaining < time.Millisecond {
