@@ -2,29 +2,48 @@
 -- the caller may run the handler, takes a lease on it.
 --
 -- KEYS[1]  record key (a hash)
--- ARGV[1]  lease token of the caller
--- ARGV[2]  request fingerprint
--- ARGV[3]  lease, in milliseconds (> 0, at most 13 digits)
--- ARGV[4]  key expiry of a new lease, in milliseconds: the later of the
---          lease and the TTL (>= ARGV[3])
+-- ARGV[1]  "c" followed by the request fingerprint: the name of the payload
+--          field of a COMPLETE record made by the same request
+-- ARGV[2]  the head of a new record: "p" <tag> "1:" <offset> ":"
+--          <fingerprint>, where the tag is the caller's token as heads spell
+--          it, <token length> ":" <token>, and the offset is ARGV[3] less
+--          the lease (so the lease, > 0 and at most 13 digits of ms, is
+--          ARGV[3] less the offset)
+-- ARGV[3]  key expiry of a new lease, in milliseconds: the later of the
+--          lease and the TTL
 --
 -- Reply (always an array): a code, named by the Go constant after it (in
 -- scripts.go; TestReplyCodes checks that the two agree), then data.
 --   {1, epoch}                 acquireAcquired: no live record; fresh lease, epoch 1
 --   {2, epoch}                 acquireStolen: the lease had expired; epoch + 1
---   {3, epoch, meta, body}     acquireCompleted: the stored payload, for replay
+--   {3, payload, pttl}         acquireCompleted: the stored payload, for replay, and the key's PTTL (-1: no expiry)
 --   {4, epoch, remaining_ms}   acquireInFlight: another token's lease is live
 --   {5}                        acquireMismatch: another fingerprint; nothing changed
+--   {6, meta, body, pttl}      acquirePreviousCompleted: as 3, from a record of the previous layout
 --   {-1, message}              replyCorrupt: the value under the key is not a
 --                              record; nothing changed
 --
+-- The record (see README.md, Record layout) is a hash of one field while in
+-- progress, h, the head:
+--
+--   <state><token length>:<token><epoch>:<offset>:<fingerprint>
+--
+-- state "p" (in progress), "P" (in progress, and a waiter watches it: its
+-- complete or release publishes) or "c" (complete). The lease ends offset ms
+-- before the key expires, so the key's expiry carries both the lease's end
+-- and the TTL deadline: the lease has PTTL - offset left, on the server's
+-- clock, and no clock read is needed to take a new key. A COMPLETE record
+-- adds one field named "c" followed by its fingerprint, holding the payload
+-- (the Go side's encoding of status, headers and body), so a replay is one
+-- HGET of the field its own fingerprint names; its head keeps the token (for
+-- a retried complete), the epoch and the last offset, which nothing reads.
+--
 -- A retried call with the token that holds the record (same fingerprint)
 -- gets {1, epoch} or {2, epoch} again, with the same epoch, and renews the
--- lease to run ARGV[3] from now when it would end sooner, whether or not it
--- had already run out: as long as no other token took the record over, the
--- holder keeps it, and never holds a lease that has run out. It never
--- shortens the lease. Only this script judges lease expiry, on the server's
--- clock (TIME, read at most once).
+-- lease to run its full length from now when it would end sooner, whether
+-- or not it had already run out: as long as no other token took the record
+-- over, the holder keeps it, and never holds a lease that has run out. It
+-- never shortens the lease.
 --
 -- The script has no flags line, unlike complete.lua: its replay, in-flight
 -- and mismatch paths only read (the in-flight path marks the record as
@@ -32,124 +51,192 @@
 -- its writes (a new record, a steal, a renewal) are refused there with an
 -- OOM error, before anything is written.
 --
--- The lease field holds the lease's end: Unix time in milliseconds on the
--- clock of the server that wrote it (TIME), written with
--- string.format('%d', ...) because tostring turns numbers of 15 digits and
--- more into "1e+14" forms. The previous version of this store wrote
--- "seconds:microseconds:ms" instead (TIME when the lease was taken or
--- extended, and its length); an in-progress record it wrote may still be in
--- Redis during an upgrade, so that form is read too, and the lease then ends
--- at that time plus ms. The next write of the lease (a renewal, a steal, an
--- extend) replaces it with the new form.
+-- Numbers are parsed strictly, since Lua's tonumber also accepts " 1",
+-- "1.5", "1e3", "0x10", "nan" and "inf": the epoch and the offset are 1 to 15
+-- decimal digits without a leading zero (the offset may be "0"), exact
+-- integers as Lua numbers (doubles); the token length is 1 to 9 digits
+-- without a leading zero and must fit in the head. Anything else, and an
+-- in-progress key without expiry (whose lease has no end), is reported as
+-- {-1, ...}. A replay reads the payload alone; the Go side decodes it
+-- strictly.
 --
--- Stored numbers are parsed strictly, since Lua's tonumber also accepts
--- " 1", "1.5", "1e3", "0x10", "nan" and "inf". Epoch is 1 to 15 decimal
--- digits without a leading zero (an exact integer as a Lua number, which is
--- a double). The lease's end is 1 to 15 decimal digits without a leading
--- zero: below 10^15 ms (the year 33658), so it and the server's time plus
--- the longest lease (13 digits, the longest Go duration in ms) stay exact
--- integers, far below 2^53. The previous form has 1 to 12, 1 to 6 and 1 to
--- 13 decimal digits, which keeps its sum below 2^53 too. Anything else is
--- reported as {-1, ...}.
---
--- An in-progress record's TTL deadline is its key's expiry: when both it and
--- the lease have passed, Redis has purged the key. The expiry is the
--- caller's argument as it came.
+-- Records of the previous layout (fields state, token, fp, epoch, lease,
+-- meta, body, watched) are still read, during a rolling upgrade: a replay of
+-- one answers {6, ...}, an in-progress one is judged by its lease field on
+-- the server's clock (TIME) as before, and a steal rewrites it in the
+-- current layout. See README.md, Upgrading.
 
-local key, token, fp = KEYS[1], ARGV[1], ARGV[2]
+local key, cfp = KEYS[1], ARGV[1]
 
--- The largest epoch read: 15 digits. A steal of a record at this epoch is
--- refused rather than writing a 16th digit.
-local max_epoch = 999999999999999
-
--- parse_epoch returns the epoch field as a number, or nil unless it is 1 to
--- 15 decimal digits without a leading zero.
-local function parse_epoch(v)
-  if not v or #v > 15 or not string.find(v, '^[1-9][0-9]*$') then return nil end
-  return tonumber(v)
+-- A replay: one read of the payload this request's fingerprint names.
+-- redis.pcall returns an error as a table {err = message}; indexing a
+-- string finds the string library, which has no err, so .err tells the two
+-- apart without calling type() (a global look-up, measurably slower here).
+local v = redis.pcall('HGET', key, cfp)
+if v then
+  if v.err then return {-1, 'key does not hold a hash: ' .. v.err} end
+  return {3, v, redis.call('PTTL', key)}
 end
 
--- lease_end returns the end of the lease in the lease field v, in
--- milliseconds on the server's clock, or nil unless v is 1 to 15 decimal
--- digits without a leading zero, or the previous version's
--- "seconds:microseconds:ms" of 1 to 12, 1 to 6 and 1 to 13 decimal digits.
-local function lease_end(v)
-  if not v then return nil end
-  if #v <= 15 and string.find(v, '^[1-9][0-9]*$') then return tonumber(v) end
-  local s, us, len = string.match(v, '^([0-9]+):([0-9]+):([0-9]+)$')
-  if not s or #s > 12 or #us > 6 or #len > 13 then return nil end
-  return tonumber(s) * 1000 + math.floor(tonumber(us) / 1000) + tonumber(len)
+-- Anything else: the whole record (HGET succeeded, so this is a hash or
+-- nothing).
+local a = redis.call('HGETALL', key)
+if #a == 0 then
+  redis.call('HSET', key, 'h', ARGV[2])
+  redis.call('PEXPIRE', key, ARGV[3])
+  return {1, 1}
 end
 
--- now_ms returns the server's time (TIME) in whole Unix milliseconds.
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fp = string.sub(cfp, 2)
+local max_epoch = 999999999999999 -- 15 digits
+-- ARGV[2] is "p" <tag> "1:" <offset> ":" <fingerprint>, where the tag is
+-- the caller's token as heads spell it, <length>:<token>; the lease is the
+-- key expiry less the offset.
+local tn, ti = string.match(ARGV[2], '^p(%d+):()')
+local tag, token = string.sub(ARGV[2], 2, ti + tn - 1), string.sub(ARGV[2], ti, ti + tn - 1)
+local off0 = string.match(ARGV[2], '^1:(%d+):', ti + tn)
+local lease_ms = tonumber(ARGV[3]) - tonumber(off0)
+
+-- head returns the head of a lease held by this caller: state s ("p" or
+-- "P": a steal keeps the watched mark), epoch e, and the lease ending off
+-- ms before the key expires (ARGV[2]'s offset when off is nil).
+local function head(s, e, off)
+  local o = off0
+  if off then o = string.format('%d', off) end
+  return s .. tag .. string.format('%d', e) .. ':' .. o .. ':' .. fp
 end
 
--- One read serves every case, and a replay needs nothing else.
-local f = redis.pcall('HMGET', key, 'state', 'fp', 'epoch', 'meta', 'body', 'token', 'lease', 'watched')
-if f['err'] then
-  return {-1, 'key does not hold a hash: ' .. f['err']}
+local h, state
+for i = 1, #a, 2 do
+  if a[i] == 'h' then h = a[i + 1] elseif a[i] == 'state' then state = a[i + 1] end
 end
-local state, rfp = f[1], f[2]
-local epoch = parse_epoch(f[3])
+
+if h then
+  local tl, ti = string.match(h, '^[cpP]([1-9]%d*):()')
+  if not tl or #tl > 9 then return {-1, 'field h: malformed state or token length'} end
+  local te = ti + tl -- just after the token
+  local e, d, fi = string.match(h, '^([1-9]%d*):(%d+):()', te)
+  if not e or #e > 15 or #d > 15 or (#d > 1 and string.byte(d) == 48) then
+    return {-1, 'field h: malformed epoch or offset'}
+  end
+  local s = string.sub(h, 1, 1)
+  if string.sub(h, fi) ~= fp then
+    return {5}
+  end
+  if s == 'c' then return {-1, 'field ' .. cfp .. ' (the payload) is missing'} end
+  local epoch = tonumber(e)
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then return {-1, 'the key has no expiry, so its lease has no end'} end
+  local left = pttl - tonumber(d)
+  if string.sub(h, 2, te - 1) == tag then
+    -- A retry by the holder: the lease runs at least its length from now,
+    -- and the key lives at least as long. The head first: a server at
+    -- maxmemory refuses it before anything changed (PEXPIRE is not refused
+    -- there).
+    if left < lease_ms then
+      local off = 0
+      if pttl >= lease_ms then off = pttl - lease_ms end
+      redis.call('HSET', key, 'h', string.sub(h, 1, te - 1) .. e .. ':' .. string.format('%d', off) .. ':' .. fp)
+      if pttl < lease_ms then redis.call('PEXPIRE', key, string.format('%d', lease_ms)) end
+    end
+    if epoch == 1 then return {1, epoch} end
+    return {2, epoch}
+  end
+  if left <= 0 then
+    if epoch >= max_epoch then return {-1, 'field h: the epoch is at its maximum'} end
+    redis.call('HSET', key, 'h', head(s, epoch + 1))
+    redis.call('PEXPIRE', key, ARGV[3])
+    return {2, epoch + 1}
+  end
+  -- In flight: mark the record as watched, so that its complete or release
+  -- publishes. A waiter that watched the key while it was free (nothing to
+  -- mark then) and now finds another request's fresh record would otherwise
+  -- sleep until the holder's lease ends or its own bound. On a server at
+  -- maxmemory the mark is refused and skipped: the answer does not need it.
+  if s == 'p' then redis.pcall('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
+  return {4, epoch, left}
+end
+
+if not state then return {-1, 'field h is missing'} end
+
+-- A record of the previous layout.
+local rfp, epoch, holder, lease, watched, meta, body
+for i = 1, #a, 2 do
+  local n = a[i]
+  if n == 'fp' then rfp = a[i + 1]
+  elseif n == 'epoch' then epoch = a[i + 1]
+  elseif n == 'token' then holder = a[i + 1]
+  elseif n == 'lease' then lease = a[i + 1]
+  elseif n == 'watched' then watched = a[i + 1]
+  elseif n == 'meta' then meta = a[i + 1]
+  elseif n == 'body' then body = a[i + 1]
+  end
+end
+if not epoch or #epoch > 15 or not string.find(epoch, '^[1-9][0-9]*$') then
+  epoch = nil
+else
+  epoch = tonumber(epoch)
+end
 
 if state == 'complete' then
   if not rfp then return {-1, 'field fp is missing'} end
   if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
   if rfp ~= fp then return {5} end
-  if not f[4] then return {-1, 'field meta is missing'} end
-  if not f[5] then return {-1, 'field body is missing'} end
-  return {3, epoch, f[4], f[5]}
-end
-
-local lease_ms = tonumber(ARGV[3])
-
--- take writes a fresh lease at epoch e (a string), taken at server time now.
-local function take(e, now)
-  redis.call('HSET', key, 'state', 'in_progress', 'token', token, 'fp', fp,
-    'epoch', e, 'lease', string.format('%d', now + lease_ms))
-  redis.call('PEXPIRE', key, ARGV[4])
-end
-
-if not state then
-  if redis.call('EXISTS', key) == 1 then return {-1, 'field state is missing'} end
-  take('1', now_ms())
-  return {1, 1}
+  if not meta then return {-1, 'field meta is missing'} end
+  if not body then return {-1, 'field body is missing'} end
+  return {6, meta, body, redis.call('PTTL', key)}
 end
 if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
 if not rfp then return {-1, 'field fp is missing'} end
 if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
-local holder = f[6]
 if not holder then return {-1, 'field token is missing'} end
-local lease_at = lease_end(f[7])
+
+-- The lease field holds the lease's end in Unix milliseconds on the clock of
+-- the server that wrote it (1 to 15 digits, no leading zero), or the form
+-- before that, "seconds:microseconds:ms" (1 to 12, 1 to 6 and 1 to 13
+-- digits): the lease ends at that time plus ms.
+local lease_at
+if lease then
+  if #lease <= 15 and string.find(lease, '^[1-9][0-9]*$') then
+    lease_at = tonumber(lease)
+  else
+    local ls, lus, llen = string.match(lease, '^([0-9]+):([0-9]+):([0-9]+)$')
+    if ls and #ls <= 12 and #lus <= 6 and #llen <= 13 then
+      lease_at = tonumber(ls) * 1000 + math.floor(tonumber(lus) / 1000) + tonumber(llen)
+    end
+  end
+end
 if not lease_at then return {-1, 'field lease is missing or malformed'} end
 
 if rfp ~= fp then return {5} end
-local now = now_ms()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local s = 'p'
+if watched then s = 'P' end
+-- The previous layout's fields, deleted once the head is written: the head
+-- first, so that a server at maxmemory refuses the write before anything
+-- changed.
+local previous = {'state', 'token', 'fp', 'epoch', 'lease', 'watched', 'meta', 'body'}
 if holder == token then
-  -- A retry by the holder: the lease runs at least ARGV[3] from now, and
-  -- the key lives at least as long (a key without expiry keeps none).
-  if now + lease_ms > lease_at then
-    redis.call('HSET', key, 'lease', string.format('%d', now + lease_ms))
-    local pttl = redis.call('PTTL', key)
-    if pttl >= 0 and pttl < lease_ms then
-      redis.call('PEXPIRE', key, ARGV[3])
-    end
-  end
+  -- A retry by the holder: the record is rewritten in the current layout,
+  -- with the same epoch and the lease running at least its length from now.
+  local left = math.max(lease_at - now, lease_ms)
+  local pttl = redis.call('PTTL', key)
+  local off = 0
+  if pttl >= left then off = pttl - left end
+  redis.call('HSET', key, 'h', head(s, epoch, off))
+  redis.call('HDEL', key, unpack(previous))
+  if pttl < left then redis.call('PEXPIRE', key, string.format('%d', left)) end
   if epoch == 1 then return {1, epoch} end
   return {2, epoch}
 end
 if now >= lease_at then
   if epoch >= max_epoch then return {-1, 'field epoch is at its maximum'} end
-  take(string.format('%d', epoch + 1), now)
+  -- A steal rewrites the record in the current layout.
+  redis.call('HSET', key, 'h', head(s, epoch + 1))
+  redis.call('HDEL', key, unpack(previous))
+  redis.call('PEXPIRE', key, ARGV[3])
   return {2, epoch + 1}
 end
--- In flight: mark the record as watched, so that its complete or release
--- publishes. A waiter that watched the key while it was free (nothing to
--- mark then) and now finds another request's fresh record would otherwise
--- sleep until the holder's lease ends or its own bound. On a server at
--- maxmemory the mark is refused and skipped: the answer does not need it.
-if not f[8] then redis.pcall('HSET', key, 'watched', '1') end
+if not watched then redis.pcall('HSET', key, 'watched', '1') end
 return {4, epoch, lease_at - now}

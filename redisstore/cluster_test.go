@@ -244,7 +244,7 @@ func runTopologyChange(t *testing.T, cl *redistest.Cluster, cc *redis.ClusterCli
 	if got := cl.MasterOf(t, slot); got != owner {
 		t.Fatalf("slot %d served by %s, want %s", slot, got.Addr(), owner.Addr())
 	}
-	if st, err := redistest.Do(owner.Addr(), "HGET", rkey, "state"); err != nil || st != "complete" {
+	if st, err := recordStateAt(owner.Addr(), rkey); err != nil || st != "complete" {
 		t.Fatalf("record on %s: state %q, %v; want complete", owner.Addr(), st, err)
 	}
 	// With a replica, WAIT was acknowledged; without one, the shortfall was

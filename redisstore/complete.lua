@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- complete.lua: the complete edge. Stores the payload and moves the record
 -- held by the caller's token to COMPLETE, kept for the TTL from now, then
--- publishes on the record's channel if a waiter has marked it (watch.lua).
+-- publishes on the record's channel if a waiter has marked it (state "P").
 --
 -- The flags line lets the script write on a server at maxmemory (Redis 7
 -- and later; see scripts.go for older servers): a record whose handler ran
@@ -9,36 +9,41 @@
 -- lease ran out. It may take the server past maxmemory by the size of the
 -- payload.
 --
--- KEYS[1]  record key (a hash)
--- ARGV[1]  lease token of the caller
+-- KEYS[1]  record key (a hash); its channel is KEYS[1] .. ':changed'
+-- ARGV[1]  the caller's token as the head spells it: <token length> ":" <token>
 -- ARGV[2]  TTL, in milliseconds (> 0)
--- ARGV[3]  meta: the encoded status, flags and headers
--- ARGV[4]  body
--- ARGV[5]  channel to publish on
+-- ARGV[3]  payload: the encoded status, headers and body
 --
 -- Reply (always an array): a code, named by the Go constant after it (in
 -- scripts.go; TestReplyCodes checks that the two agree), then data.
 --   {1}            fencedOK: completed (or already completed by this token: a retry)
 --   {0}            fencedLost: the lease is lost: absent, or held by another token
 --   {-1, message}  replyCorrupt: the value under the key is not a record
+--
+-- The head (field h, see acquire.lua) opens with the state and the token, so
+-- one comparison fences the call. The COMPLETE head is the in-progress one
+-- with state "c"; the payload goes to the field named "c" followed by the
+-- fingerprint, which a replay reads alone. A record of the previous layout
+-- has no field h: its holder is an instance of the previous version, so the
+-- caller's lease is lost.
 
-local key, token = KEYS[1], ARGV[1]
+local key, tok = KEYS[1], ARGV[1]
 
-local f = redis.pcall('HMGET', key, 'state', 'token', 'watched')
-if f['err'] then
-  return {-1, 'key does not hold a hash: ' .. f['err']}
-end
-if f[2] ~= token then return {0} end
-if f[1] == 'complete' then return {1} end
-if f[1] ~= 'in_progress' then
-  return {-1, 'field state is missing or holds an unknown value'}
-end
+-- redis.pcall returns an error as a table {err = message}; indexing a
+-- string finds the string library, which has no err, so .err tells the two
+-- apart without calling type() (a global look-up, measurably slower here).
+local h = redis.pcall('HGET', key, 'h')
+if h and h.err then return {-1, 'key does not hold a hash: ' .. h.err} end
+if not h or string.sub(h, 2, #tok + 1) ~= tok then return {0} end
+local s = string.byte(h)
+if s == 99 then return {1} end -- "c"
+if s ~= 112 and s ~= 80 then return {-1, 'field h: unknown state'} end -- "p", "P"
+local fi = string.match(h, '^[1-9]%d*:%d+:()', #tok + 2)
+if not fi then return {-1, 'field h: malformed epoch or offset'} end
 
--- The TTL counts from now: PEXPIRE takes the caller's argument as it came,
--- so no clock read and no number formatting is needed. The key's expiry is
--- a complete record's only deadline; the last lease stays in its field,
--- where nothing reads it.
-redis.call('HSET', key, 'state', 'complete', 'meta', ARGV[3], 'body', ARGV[4])
+-- The TTL counts from now: PEXPIRE takes the caller's argument as it came.
+-- The key's expiry is a complete record's only deadline.
+redis.call('HSET', key, 'h', 'c' .. string.sub(h, 2), 'c' .. string.sub(h, fi), ARGV[3])
 redis.call('PEXPIRE', key, ARGV[2])
-if f[3] then redis.call('PUBLISH', ARGV[5], 'complete') end
+if s == 80 then redis.call('PUBLISH', key .. ':changed', 'complete') end
 return {1}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/go-idempotency/idempotency/redisstore"
 )
 
@@ -27,17 +28,77 @@ func TestCorruptRecords(t *testing.T) {
 	fp := func(key string) string { return req(key, "x").Fingerprint }
 	lease := fmt.Sprint(time.Now().Add(time.Hour).UnixMilli())    // ends in an hour
 	expired := fmt.Sprint(time.Now().Add(-time.Hour).UnixMilli()) // ran out an hour ago
-	validMeta := func() string {
-		// A real meta block, taken from a completed record.
-		key := randKey()
-		mustAcquire(t, s, req(key, "t"), idempotency.Acquired)
-		if err := s.Complete(ctx, key, "t", sampleResponse(), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		return c.HGet(ctx, s.RecordKey(key), "meta").Val()
-	}()
+	meta, err := wire.AppendMeta(nil, sampleResponse())
+	if err != nil {
+		t.Fatal(err)
+	}
+	validMeta := string(meta)
 
+	// Records of the current layout: the head h (in progress: the record's
+	// only field), and once complete the payload under "c" + fingerprint.
+	// The in-progress ones ran out: a store trusting them would steal.
+	ranOut := "99999999999999" // offset: the lease ended long before the key expires
 	cases := map[string]func(rkey, key string){
+		"head with an unknown state": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "x1:t1:"+ranOut+":"+fp(key))
+		},
+		"complete head without its payload": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key))
+		},
+		"complete head with the payload under another name": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c", "\x01"+validMeta[:1]+"x")
+		},
+		"head cut short": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p1:t1:"+ranOut)
+		},
+		"head without token": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p1:"+ranOut+":"+fp(key))
+		},
+		"head with a token longer than itself": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p999:t1:"+ranOut+":"+fp(key))
+		},
+		"in progress key without expiry": nil, // planted below: PERSIST
+		"payload that is not one": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "\xff\xff\xff")
+		},
+		"payload with a meta length past its end": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "\x7f"+validMeta)
+		},
+		"payload with a truncated meta block": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), string(rune(len(validMeta)-3))+validMeta[:len(validMeta)-3])
+		},
+		"empty payload": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "")
+		},
+	}
+	delete(cases, "in progress key without expiry")
+	for _, tl := range []string{"0", "01", "1234567890", "", "x", "-1", "+1", " 1", "1e0"} {
+		cases[fmt.Sprintf("head with token length %q", tl)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p"+tl+":t1:"+ranOut+":"+fp(key))
+		}
+	}
+	for _, epoch := range []string{
+		"nan", "inf", "-inf", "9223372036854775808", "1e3", "0x10", " 1", "1 ", "1.5",
+		"0", "-1", "+1", "01", "", "1000000000000000", "99999999999999999999",
+	} {
+		cases[fmt.Sprintf("head with epoch %q", epoch)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p1:t"+epoch+":"+ranOut+":"+fp(key))
+		}
+		cases[fmt.Sprintf("complete head with epoch %q", epoch)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t"+epoch+":0:"+fp(key))
+		}
+	}
+	for _, off := range []string{
+		"nan", "inf", "1e3", "0x10", " 1", "1 ", "1.5", "-1", "+1", "01", "00", "", "1000000000000000", strings.Repeat("9", 400),
+	} {
+		cases[fmt.Sprintf("head with offset %q", off)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p1:t1:"+off+":"+fp(key))
+		}
+	}
+
+	// Records of the previous layout (fields state, token, fp, epoch,
+	// lease, meta, body, watched).
+	for name, plant := range map[string]func(rkey, key string){
 		"string value": func(rkey, _ string) { c.Set(ctx, rkey, "hello", 0) },
 		"list value":   func(rkey, _ string) { c.RPush(ctx, rkey, "a") },
 		"empty-ish hash": func(rkey, _ string) {
@@ -76,6 +137,8 @@ func TestCorruptRecords(t *testing.T) {
 		"status out of range": func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x01\x63\x00\x00", "body", "x")
 		},
+	} {
+		cases["previous layout: "+name] = plant
 	}
 	// Numbers Lua's tonumber accepts but a record never holds. An epoch
 	// must be 1 to 15 decimal digits without a leading zero. The
@@ -85,10 +148,10 @@ func TestCorruptRecords(t *testing.T) {
 		"nan", "inf", "-inf", "9223372036854775808", "1e3", "0x10", " 1", "1 ", "1.5",
 		"0", "-1", "+1", "01", "", "1000000000000000", "99999999999999999999",
 	} {
-		cases[fmt.Sprintf("in progress with epoch %q", epoch)] = func(rkey, key string) {
+		cases[fmt.Sprintf("previous layout: in progress with epoch %q", epoch)] = func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", epoch, "lease", expired)
 		}
-		cases[fmt.Sprintf("complete with epoch %q", epoch)] = func(rkey, key string) {
+		cases[fmt.Sprintf("previous layout: complete with epoch %q", epoch)] = func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", epoch, "meta", validMeta, "body", "x")
 		}
 	}
@@ -135,7 +198,7 @@ func TestCorruptRecords(t *testing.T) {
 		if len(name) > 40 {
 			name = fmt.Sprintf("%s...(%d bytes)", name[:20], len(name))
 		}
-		cases[fmt.Sprintf("in progress with lease %q", name)] = func(rkey, key string) {
+		cases[fmt.Sprintf("previous layout: in progress with lease %q", name)] = func(rkey, key string) {
 			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", l)
 		}
 	}
@@ -182,8 +245,26 @@ func TestCorruptRecords(t *testing.T) {
 		})
 	}
 
-	// Complete, Release and Extend on a foreign type refuse too.
+	// An in-progress record whose key has no expiry (made persistent by
+	// hand) has no lease end: reported, and left as it is.
 	key := randKey()
+	rkey := s.RecordKey(key)
+	c.HSet(ctx, rkey, "h", "p1:t1:0:"+fp(key))
+	before := c.HGetAll(ctx, rkey).Val()
+	for _, token := range []string{"t2", "t"} {
+		if a, err := s.Acquire(ctx, req(key, token)); !errors.Is(err, idempotency.ErrCorruptRecord) {
+			t.Errorf("Acquire(%s) of an in-progress key without expiry = %+v, %v; want ErrCorruptRecord", token, a, err)
+		}
+	}
+	if err := s.Extend(ctx, key, "t", time.Minute); !errors.Is(err, idempotency.ErrCorruptRecord) {
+		t.Errorf("Extend of an in-progress key without expiry = %v, want ErrCorruptRecord", err)
+	}
+	if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) || c.PTTL(ctx, rkey).Val() != -1 {
+		t.Errorf("record without expiry changed: %v -> %v, PTTL %v", before, after, c.PTTL(ctx, rkey).Val())
+	}
+
+	// Complete, Release and Extend on a foreign type refuse too.
+	key = randKey()
 	c.Set(ctx, s.RecordKey(key), "hello", 0)
 	for name, err := range map[string]error{
 		"Complete": s.Complete(ctx, key, "t", sampleResponse(), time.Hour),
@@ -234,6 +315,35 @@ func TestExtremeRecords(t *testing.T) {
 	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
 	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
 
+	// The same in the current layout: the epoch at its largest, and the
+	// largest offset, which puts the lease's end far before the key's
+	// expiry (run out).
+	key = randKey()
+	rkey = s.RecordKey(key)
+	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:0:%s", redisstore.MaxEpoch, fp(key)))
+	c.PExpire(ctx, rkey, time.Hour)
+	a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+	if a.Epoch != redisstore.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour {
+		t.Errorf("in flight at the largest epoch: %+v", a)
+	}
+	if a = mustAcquire(t, s, req(key, "t"), idempotency.Stolen); a.Epoch != redisstore.MaxEpoch {
+		t.Errorf("holder's retry at the largest epoch: %+v", a)
+	}
+	key = randKey()
+	rkey = s.RecordKey(key)
+	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:999999999999999:%s", redisstore.MaxEpoch, fp(key)))
+	c.PExpire(ctx, rkey, time.Hour)
+	before = c.HGetAll(ctx, rkey).Val()
+	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {
+		t.Errorf("steal at the largest epoch = %+v, %v; want ErrCorruptRecord", a, err)
+	}
+	if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {
+		t.Errorf("refused steal changed the record: %v -> %v", before, after)
+	}
+	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
+	wantLeaseLeft(t, c, rkey, req(key, "t").Lease)
+	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
+
 	// The latest lease end read, 15 digits (the year 33658), and the
 	// latest in the previous form, also as long as a Go duration can be:
 	// far more than a Duration holds.
@@ -276,22 +386,32 @@ func TestCorruptRecordOverHTTP(t *testing.T) {
 	c.Set(ctx, s.RecordKey(idempotency.StorageKey("", "k")), "garbage", 0)
 	wantUnreadable("k")
 
-	// Records the middleware made, then given numbers Lua's tonumber
-	// accepts: a stolen record with epoch 2^63 whose lease ran out, and a
-	// completed one with epoch "nan".
-	for key, fields := range map[string][]any{
-		"k-steal":  {"state", "in_progress", "token", "gone", "epoch", "9223372036854775808", "lease", "1"},
-		"k-replay": {"epoch", "nan"},
+	// Records the middleware made, then changed: back to in progress, with
+	// an epoch of 2^63 (which Lua's tonumber accepts) and a lease that ran
+	// out; and a completed one whose payload is cut short.
+	for key, change := range map[string]func(rkey string, hd head){
+		"k-steal": func(rkey string, hd head) {
+			c.HDel(ctx, rkey, "c"+hd.fp)
+			c.HSet(ctx, rkey, "h", "p4:gone9223372036854775808:99999999999999:"+hd.fp)
+		},
+		"k-replay": func(rkey string, hd head) {
+			p := c.HGet(ctx, rkey, "c"+hd.fp).Val()
+			c.HSet(ctx, rkey, "c"+hd.fp, p[:2])
+		},
 	} {
 		if resp, _ := post(t, srv.URL, key, "body"); resp.StatusCode != http.StatusCreated {
 			t.Fatalf("key %s: first request: status %d", key, resp.StatusCode)
 		}
 		rkey := s.RecordKey(idempotency.StorageKey("", key))
 		// The response is sent before the record is completed.
-		if !redistest.WaitFor(5*time.Second, func() bool { return c.HGet(ctx, rkey, "state").Val() == "complete" }) {
+		if !redistest.WaitFor(5*time.Second, func() bool { return recordState(c, rkey) == "complete" }) {
 			t.Fatalf("key %s: record not completed: %v", key, c.HGetAll(ctx, rkey).Val())
 		}
-		c.HSet(ctx, rkey, fields...)
+		hd, err := parseHead(c.HGet(ctx, rkey, "h").Val())
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(rkey, hd)
 		before := c.HGetAll(ctx, rkey).Val()
 		wantUnreadable(key)
 		if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {

@@ -13,27 +13,28 @@
 // key is the hex SHA-256 the middleware derives, so no client bytes reach
 // key names), with these fields:
 //
-//	state       "in_progress" or "complete"
-//	token       lease token of the holder (of the completer, once complete)
-//	fp          request fingerprint
-//	epoch       1 for the first lease, +1 for each steal (1 to 15 decimal
-//	            digits, no leading zero)
-//	lease       the lease's end in Unix milliseconds on the server's clock
-//	            (TIME when the lease was taken, renewed or extended, plus
-//	            its length; 1 to 15 decimal digits, no leading zero; read
-//	            while in_progress; a complete record keeps its last lease,
-//	            unread). The previous version wrote "seconds:microseconds:ms"
-//	            (TIME and the length, 1 to 12, 6 and 13 digits), which is
-//	            still read, so that its in-progress records are judged
-//	            during a rolling upgrade; that version reads the new form
-//	            as malformed (see README.md).
-//	meta        status, flags and headers, in a compact versioned binary block (complete only)
-//	body        the response body, raw (complete only)
+//	h               the head: <state><token length>:<token><epoch>:<offset>:<fingerprint>,
+//	                state "p" (in progress), "P" (in progress, watched by a
+//	                waiter) or "c" (complete); epoch 1 for the first lease,
+//	                +1 for each steal (1 to 15 decimal digits, no leading
+//	                zero); offset the milliseconds between the lease's end
+//	                and the key's expiry (1 to 15 digits, or 0)
+//	c<fingerprint>  complete only: the payload, the meta block's length (a
+//	                uvarint), the meta block (status, flags and headers) and
+//	                the body, raw
 //
-// An in-progress record keeps no TTL deadline of its own: its key expires
-// at the later of its lease and its TTL deadline, and extending the lease
-// pushes that out when the new lease ends later. A complete record's key
-// gets PEXPIRE ttl, its only deadline. So Redis itself purges records.
+// An in-progress record keeps its deadlines in its key's expiry: the key
+// expires at the later of its lease's end and its TTL deadline, and the
+// lease ends offset ms before that, so PTTL less the offset is the lease
+// left, on the server's clock. Extending the lease rewrites the offset and
+// pushes the expiry out when the new lease ends later. A complete record's
+// key gets PEXPIRE ttl, its only deadline, and a replay reports its PTTL as
+// Acquisition.ExpiresIn (0, unknown, for a key made persistent by hand). So
+// Redis itself purges records. A replay reads only the payload field its
+// own fingerprint names. Records of the previous layout (fields state,
+// token, fp, epoch, lease, meta, body, watched) are still read during a
+// rolling upgrade, and a steal rewrites them; the previous version reads
+// the current layout as corrupt (see README.md, Upgrading).
 //
 // The scripts parse the numbers strictly (Lua's tonumber would also take
 // " 1", "1.5", "1e3", "0x10", "nan" or "inf"). A value under a record key
@@ -47,11 +48,11 @@
 // script touching only the record's key, sent with EVALSHA (EVAL when the
 // server answers NOSCRIPT, as after a restart or failover). Each script's
 // header lists its KEYS, ARGV and replies; a reply is an array opening with
-// a code, which the header names by its Go constant in scripts.go. The
-// scripts read the server's clock with TIME, so application clocks do not
-// matter. A
-// replay costs one round trip (the acquire reply carries the payload); a
-// first execution two (acquire, complete).
+// a code, which the header names by its Go constant in scripts.go. Leases
+// are judged on the server's clock (the key's expiry), so application
+// clocks do not matter. A replay costs one round trip (the acquire reply
+// carries the payload) and two commands inside the script (HGET, PTTL); a
+// first execution two round trips (acquire, complete).
 //
 // Every script gives the same answer when run again with the same
 // arguments, as go-redis does by itself after a read timeout. A retried
@@ -97,4 +98,18 @@
 // acknowledged the record, which shrinks that window; it is not strong
 // consistency (a WAIT that times out still leaves the write on the master,
 // and Redis may still promote a replica that missed it).
+//
+// # Checking the server
+//
+// Store.Check reads the deployment's settings (INFO, CONFIG GET, TIME, and
+// on a Cluster CLUSTER INFO and CLUSTER NODES; it writes nothing) and
+// judges each: an evicting maxmemory-policy fails; no persistence, no
+// maxmemory, a replicated master with min-replicas-to-write 0 and a Redis
+// older than 7 warn (see Report and Finding). New runs it once in the
+// background (CheckAndWarn) and logs what is unsafe through slog.Default()
+// or the logger of WithStartupCheck; it never delays or fails New, gives
+// up after 5 seconds or at Close, and logs nothing for a safe server.
+// WithoutStartupCheck turns it off. The operator tool
+// (cmd/idemctl check) runs the same check and exits non-zero when it
+// fails.
 package redisstore

@@ -175,7 +175,7 @@ func TestHTTPWaitModeOverPubSub(t *testing.T) {
 	key := idempotency.StorageKey("", "wait-key")
 	if !waitUntil(5*time.Second, func() bool {
 		n, err := c.PubSubNumSub(ctx, s.Channel(key)).Result()
-		return err == nil && n[s.Channel(key)] > 0 && c.HGet(ctx, s.RecordKey(key), "watched").Val() == "1"
+		return err == nil && n[s.Channel(key)] > 0 && isWatched(c, s.RecordKey(key))
 	}) {
 		t.Fatal("duplicate never subscribed and marked the record")
 	}
@@ -213,7 +213,7 @@ func TestHTTPRoundTrips(t *testing.T) {
 	completed := func(key string) {
 		t.Helper()
 		rkey := s.RecordKey(idempotency.StorageKey("", key))
-		if !redistest.WaitFor(5*time.Second, func() bool { return raw.HGet(ctx, rkey, "state").Val() == "complete" }) {
+		if !redistest.WaitFor(5*time.Second, func() bool { return recordState(raw, rkey) == "complete" }) {
 			t.Fatalf("record of %s not completed", key)
 		}
 	}

@@ -88,7 +88,7 @@ func TestMaxmemoryEdges(t *testing.T) {
 						t.Errorf("%s without the flags line on a full server = %v, want an OOM error", name, err)
 					}
 				}
-				if state := c.HGet(ctx, s.RecordKey(held), "state").Val(); state != "in_progress" {
+				if state := recordState(c, s.RecordKey(held)); state != "in_progress" {
 					t.Errorf("record state %q after the refused Complete, want in_progress", state)
 				}
 			} else {
@@ -201,7 +201,7 @@ func TestMaxmemoryOverHTTP(t *testing.T) {
 	}
 	// The response is sent before the record is completed.
 	rkey := s.RecordKey(idempotency.StorageKey("", "k"))
-	if !redistest.WaitFor(5*time.Second, func() bool { return c.HGet(ctx, rkey, "state").Val() == "complete" }) {
+	if !redistest.WaitFor(5*time.Second, func() bool { return recordState(c, rkey) == "complete" }) {
 		t.Fatalf("record not completed on a full server: %v", c.HGetAll(ctx, rkey).Val())
 	}
 	resp, body := post(t, srv.URL, "k", "pay")

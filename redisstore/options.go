@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -14,10 +15,21 @@ type config struct {
 	waitN       int
 	waitTimeout time.Duration
 	onWAIT      func(ctx context.Context, err *WAITError)
+	// startupLog is the logger of the check New starts (CheckAndWarn),
+	// nil when WithoutStartupCheck turned it off.
+	startupLog *slog.Logger
 }
 
+// startupCheckByDefault says whether New starts the server check without
+// an option asking for it. The package's tests turn it off (check_test.go).
+var startupCheckByDefault = true
+
 func defaultConfig() config {
-	return config{prefix: "idempotency:"}
+	c := config{prefix: "idempotency:"}
+	if startupCheckByDefault {
+		c.startupLog = slog.Default()
+	}
+	return c
 }
 
 // WithPrefix sets the prefix of every record key (and of every record's
@@ -95,3 +107,28 @@ func (e *WAITError) Error() string {
 
 // Unwrap returns the error WAIT failed with, if any.
 func (e *WAITError) Unwrap() error { return e.Err }
+
+// WithStartupCheck sets the logger through which the server check that New
+// starts reports an unsafe server (see CheckAndWarn): an evicting
+// maxmemory-policy, nothing persisted, a replicated master without
+// min-replicas-to-write, and the other items of Check. The check runs in a
+// goroutine of its own, bounded by 5 seconds: New never waits for it and it
+// never fails New. It panics when logger is nil.
+//
+// Default: on, logging through slog.Default() as it is when New runs.
+func WithStartupCheck(logger *slog.Logger) Option {
+	if logger == nil {
+		panic("redisstore: WithStartupCheck: nil logger (WithoutStartupCheck turns the check off)")
+	}
+	return func(c *config) { c.startupLog = logger }
+}
+
+// WithoutStartupCheck keeps New from checking the server: New then sends
+// nothing to Redis and logs nothing. Use it where the check is run another
+// way (Check, or idemctl check in a deployment pipeline), or where the
+// client's user may not run INFO or CONFIG GET.
+//
+// Default: the check runs (see WithStartupCheck).
+func WithoutStartupCheck() Option {
+	return func(c *config) { c.startupLog = nil }
+}

@@ -22,7 +22,8 @@ func TestReplyCodes(t *testing.T) {
 		{"acquire.lua", acquireSrc, map[string]int64{
 			"acquireAcquired": acquireAcquired, "acquireStolen": acquireStolen,
 			"acquireCompleted": acquireCompleted, "acquireInFlight": acquireInFlight,
-			"acquireMismatch": acquireMismatch, "replyCorrupt": replyCorrupt,
+			"acquireMismatch": acquireMismatch, "acquirePreviousCompleted": acquirePreviousCompleted,
+			"replyCorrupt": replyCorrupt,
 		}},
 		{"complete.lua", completeSrc, fenced},
 		{"extend.lua", extendSrc, fenced},

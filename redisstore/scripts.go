@@ -10,9 +10,9 @@ import (
 )
 
 // One Lua script per edge of the record's state machine. Each touches only
-// the record's own key, so it runs on a Cluster, reads the clock with TIME on
-// the server, and replies with an array that opens with a code (the
-// constants below). Script.Run sends EVALSHA and falls back to EVAL when the
+// the record's own key, so it runs on a Cluster, judges leases on the
+// server's clock (by the key's expiry, see record.go), and replies with an
+// array that opens with a code (the constants below). Script.Run sends EVALSHA and falls back to EVAL when the
 // server answers NOSCRIPT (a restarted or failed-over server has an empty
 // script cache).
 //
@@ -64,9 +64,13 @@ const replyCorrupt = -1
 const (
 	acquireAcquired  = 1 // {1, epoch}: a fresh lease at epoch 1 (or the holder's retry at epoch 1)
 	acquireStolen    = 2 // {2, epoch}: the lease had run out; a fresh lease at epoch + 1 (or the holder's retry)
-	acquireCompleted = 3 // {3, epoch, meta, body}: the stored payload, for replay
+	acquireCompleted = 3 // {3, payload, pttl}: the stored payload, for replay, and the key's PTTL (-1: none)
 	acquireInFlight  = 4 // {4, epoch, remaining_ms}: another token's lease is live
 	acquireMismatch  = 5 // {5}: the record has another fingerprint
+
+	// acquirePreviousCompleted is acquireCompleted for a record of the
+	// previous layout: {6, meta, body, pttl}.
+	acquirePreviousCompleted = 6
 )
 
 // Replies of the fenced scripts, complete.lua, extend.lua and release.lua,

@@ -30,6 +30,12 @@ type Store struct {
 	// script (a server before Redis 7): the Store then sends the scripts
 	// without it (see flaggedScript).
 	plainScripts atomic.Bool
+
+	// closing is closed by Close: it ends the server checks of
+	// CheckAndWarn. startup is the channel of the check New started, nil
+	// without one.
+	closing chan struct{}
+	startup <-chan struct{}
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -38,6 +44,12 @@ var _ idempotency.Store = (*Store)(nil)
 // Sentinel-backed client from redis.NewFailoverClient or a
 // *redis.ClusterClient. The Store does not close client. It panics when
 // client is nil.
+//
+// Unless WithoutStartupCheck is given, New starts a check of the server in
+// the background (CheckAndWarn) and returns at once, without waiting for
+// it: the check warns through slog.Default() (or WithStartupCheck's logger)
+// when the server evicts records, persists nothing, or is otherwise unsafe
+// for them.
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	if client == nil {
 		panic("redisstore: New: nil client")
@@ -49,7 +61,11 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		}
 		o(&cfg)
 	}
-	return &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client)}
+	s := &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client), closing: make(chan struct{})}
+	if cfg.startupLog != nil {
+		s.startup = s.CheckAndWarn(cfg.startupLog)
+	}
+	return s
 }
 
 // Close stops the Store's shared pub/sub subscription and wakes every
@@ -59,6 +75,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	close(s.closing)
 	return s.hub.close()
 }
 
@@ -91,9 +108,10 @@ func (s *Store) check(key, token string) error {
 }
 
 // Acquire implements idempotency.Store in one round trip: a COMPLETE
-// record's payload comes back in the same reply. A retry by the token that
-// holds the record renews its lease to run req.Lease from now on the
-// server's clock when it would end sooner, even if it had run out, so a
+// record's payload comes back in the same reply, with the time its key has
+// left (PTTL) as ExpiresIn (0 for a key without expiry). A retry by the
+// token that holds the record renews its lease to run req.Lease from now on
+// the server's clock when it would end sooner, even if it had run out, so a
 // retry never hands out a lease that has already run out. A value under the
 // key that is not a well-formed record is reported as an error wrapping
 // idempotency.ErrCorruptRecord; a server out of memory (maxmemory reached
@@ -107,9 +125,10 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return idempotency.Acquisition{}, fmt.Errorf("redisstore: lease %v and TTL %v must be positive", req.Lease, req.TTL)
 	}
 	rkey := s.RecordKey(req.Key)
+	lease, expiry := millis(req.Lease), millis(max(req.Lease, req.TTL))
+	args := []any{payloadField(req.Fingerprint), newHead(req.Token, req.Fingerprint, expiry-lease), expiry}
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return acquireScript.Run(ctx, s.client, []string{rkey},
-			req.Token, req.Fingerprint, millis(req.Lease), millis(max(req.Lease, req.TTL))).Slice()
+		return acquireScript.Run(ctx, s.client, []string{rkey}, args...).Slice()
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -136,18 +155,37 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			o = idempotency.Stolen
 		}
 		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
-	case acquireCompleted:
-		epoch, ok1 := epochAt(reply, 1)
-		meta, ok2 := strAt(reply, 2)
-		body, ok3 := strAt(reply, 3)
-		if !ok1 || !ok2 || !ok3 {
+	case acquireCompleted, acquirePreviousCompleted:
+		var meta, body string
+		var pttl int64
+		var ok bool
+		if code == acquireCompleted {
+			payload, ok1 := strAt(reply, 1)
+			pttl, ok = intAt(reply, 2)
+			if !ok1 || !ok {
+				return bad()
+			}
+			var err error
+			if meta, body, err = splitPayload(payload); err != nil {
+				return idempotency.Acquisition{}, fmt.Errorf("%w: key %s: %v", idempotency.ErrCorruptRecord, rkey, err)
+			}
+		} else {
+			var ok1, ok2 bool
+			meta, ok1 = strAt(reply, 1)
+			body, ok2 = strAt(reply, 2)
+			pttl, ok = intAt(reply, 3)
+			if !ok1 || !ok2 || !ok {
+				return bad()
+			}
+		}
+		if pttl < -1 {
 			return bad()
 		}
 		resp, err := wire.Decode(meta, body)
 		if err != nil {
 			return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, rkey)
 		}
-		return idempotency.Acquisition{Outcome: idempotency.Completed, Epoch: uint64(epoch), Response: resp}, nil
+		return idempotency.Acquisition{Outcome: idempotency.Completed, Response: resp, ExpiresIn: expiresIn(pttl)}, nil
 	case acquireInFlight:
 		epoch, ok1 := epochAt(reply, 1)
 		ms, ok2 := intAt(reply, 2)
@@ -179,16 +217,12 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: TTL %v must be positive", ttl)
 	}
-	meta, err := wire.AppendMeta(nil, resp)
+	payload, err := appendPayload(nil, resp)
 	if err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
-	var body []byte
-	if !resp.BodyOmitted {
-		body = resp.Body
-	}
-	rkey, channel := s.RecordKey(key), s.Channel(key)
-	args := []any{token, millis(ttl), meta, body, channel}
+	rkey := s.RecordKey(key)
+	args := []any{tokenTag(token), millis(ttl), payload}
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		if s.cfg.waitN > 0 {
 			return s.completeAndWait(ctx, rkey, args)
@@ -207,9 +241,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := s.check(key, token); err != nil {
 		return err
 	}
-	rkey, channel := s.RecordKey(key), s.Channel(key)
+	rkey := s.RecordKey(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return s.run(ctx, releaseScript, []string{rkey}, token, channel)
+		return s.run(ctx, releaseScript, []string{rkey}, tokenTag(token))
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -228,7 +262,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	rkey := s.RecordKey(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return s.run(ctx, extendScript, []string{rkey}, token, millis(lease))
+		return s.run(ctx, extendScript, []string{rkey}, tokenTag(token), millis(lease))
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -278,6 +312,17 @@ const maxEpoch = 999_999_999_999_999
 func epochAt(reply []any, i int) (int64, bool) {
 	v, ok := intAt(reply, i)
 	return v, ok && v >= 1 && v <= maxEpoch
+}
+
+// expiresIn converts a COMPLETE record key's PTTL to Acquisition.ExpiresIn:
+// at least 1ms while the key has an expiry, and 0 (unknown) for a key
+// without one (-1), such as a record made persistent by hand: it stays until
+// someone deletes it, so no cache may keep it for any time.
+func expiresIn(pttl int64) time.Duration {
+	if pttl < 0 {
+		return 0
+	}
+	return msDuration(max(pttl, 1))
 }
 
 // msDuration converts a non-negative number of milliseconds to a Duration,

@@ -3,20 +3,20 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/redistest"
+	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/go-idempotency/idempotency/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 var ctx = context.Background()
@@ -156,6 +156,51 @@ func TestStealFencesTheOldHolder(t *testing.T) {
 	mustAcquire(t, s, req(key, "third"), idempotency.Completed)
 }
 
+// TestHolderRetryRenews: the holder's retried acquire renews its lease to
+// run its full length from now when it would end sooner (even when it ran
+// out), never shortens it, and moves the key's expiry only when the key
+// would expire before the renewed lease ends.
+func TestHolderRetryRenews(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	for _, tc := range []struct {
+		name       string
+		left, pttl time.Duration // planted: lease left and key expiry
+		wantLeft   time.Duration
+		wantPTTL   time.Duration
+	}{
+		{"a second left", time.Second, time.Hour, 10 * time.Second, time.Hour},
+		{"run out", -time.Minute, time.Hour, 10 * time.Second, time.Hour},
+		{"half an hour left", 30 * time.Minute, time.Hour, 30 * time.Minute, time.Hour},
+		{"key expires before the renewed lease", 2 * time.Second, 5 * time.Second, 10 * time.Second, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := randKey()
+			rkey := s.RecordKey(key)
+			r := req(key, "t1") // lease 10s, TTL 1h
+			mustAcquire(t, s, r, idempotency.Acquired)
+			hd, err := parseHead(c.HGet(ctx, rkey, "h").Val())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.HSet(ctx, rkey, "h", fmt.Sprintf("p%d:%s%d:%d:%s", len(hd.token), hd.token, 4, (tc.pttl-tc.left).Milliseconds(), hd.fp))
+			c.PExpire(ctx, rkey, tc.pttl)
+			if a := mustAcquire(t, s, r, idempotency.Stolen); a.Epoch != 4 {
+				t.Errorf("holder's retry at epoch 4 answered epoch %d", a.Epoch)
+			}
+			if left := leaseLeft(t, c, rkey); left <= tc.wantLeft-5*time.Second || left > tc.wantLeft {
+				t.Errorf("lease left %v, want about %v", left, tc.wantLeft)
+			}
+			if pttl := c.PTTL(ctx, rkey).Val(); pttl <= tc.wantPTTL-5*time.Second || pttl > tc.wantPTTL {
+				t.Errorf("PTTL %v, want about %v", pttl, tc.wantPTTL)
+			}
+			if hd2, err := parseHead(c.HGet(ctx, rkey, "h").Val()); err != nil || hd2.token != "t1" || hd2.epoch != 4 || hd2.fp != hd.fp {
+				t.Errorf("head after the retry: %+v, %v", hd2, err)
+			}
+		})
+	}
+}
+
 func TestExtendKeepsTheLease(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
@@ -210,6 +255,46 @@ func TestCompleteExpiresAfterTTL(t *testing.T) {
 	}
 }
 
+// TestCompletedExpiresIn: a replay tells how long the record has left, as
+// the server counts it: more than 0, at most the TTL, shrinking as time
+// passes and following the key's expiry; a key without expiry tells 0
+// (unknown).
+func TestCompletedExpiresIn(t *testing.T) {
+	c := newClient(t)
+	s := newStore(t, c)
+	key := randKey()
+	const ttl = time.Hour
+	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+	if err := s.Complete(ctx, key, "t1", sampleResponse(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	first := mustAcquire(t, s, req(key, "t2"), idempotency.Completed)
+	if first.ExpiresIn <= ttl-time.Minute || first.ExpiresIn > ttl {
+		t.Fatalf("ExpiresIn = %v, want just under the %v TTL", first.ExpiresIn, ttl)
+	}
+	var later idempotency.Acquisition
+	if !redistest.WaitFor(5*time.Second, func() bool {
+		later = mustAcquire(t, s, req(key, "t3"), idempotency.Completed)
+		return later.ExpiresIn < first.ExpiresIn
+	}) {
+		t.Fatalf("ExpiresIn stays at %v", later.ExpiresIn)
+	}
+	if later.ExpiresIn <= 0 {
+		t.Fatalf("ExpiresIn = %v", later.ExpiresIn)
+	}
+	// The key's expiry is the record's: one set by hand shows.
+	rkey := s.RecordKey(key)
+	c.PExpire(ctx, rkey, 5*time.Second)
+	if a := mustAcquire(t, s, req(key, "t4"), idempotency.Completed); a.ExpiresIn <= 4*time.Second || a.ExpiresIn > 5*time.Second {
+		t.Fatalf("ExpiresIn = %v after PEXPIRE 5s", a.ExpiresIn)
+	}
+	// A key made persistent by hand has no end the store can tell.
+	c.Persist(ctx, rkey)
+	if a := mustAcquire(t, s, req(key, "t5"), idempotency.Completed); a.ExpiresIn != 0 {
+		t.Fatalf("ExpiresIn = %v for a key without expiry, want 0 (unknown)", a.ExpiresIn)
+	}
+}
+
 func TestInProgressKeptForLongerOfLeaseAndTTL(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
@@ -229,123 +314,67 @@ func TestInProgressKeptForLongerOfLeaseAndTTL(t *testing.T) {
 	}
 }
 
+// TestRecordLayout: the record is one field h while in progress, its
+// head, and gains the payload under the field its fingerprint names once
+// complete (see README.md, Record layout).
 func TestRecordLayout(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	key := randKey()
-	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
+	r := req(key, "t1")
+	mustAcquire(t, s, r, idempotency.Acquired)
 	rkey := s.RecordKey(key)
 	h := c.HGetAll(ctx, rkey).Val()
-	for _, f := range []string{"state", "token", "fp", "epoch", "lease"} {
-		if h[f] == "" {
-			t.Errorf("IN_PROGRESS field %q missing: %v", f, h)
-		}
+	offset := r.TTL - r.Lease
+	want := fmt.Sprintf("p2:t11:%d:%s", offset.Milliseconds(), r.Fingerprint)
+	if len(h) != 1 || h["h"] != want {
+		t.Fatalf("IN_PROGRESS record = %q, want only h = %q", h, want)
 	}
-	if len(h) != 5 {
-		t.Errorf("IN_PROGRESS record has %d fields, want 5: %v", len(h), h)
+	// The lease ends offset before the key expires: the key expires at the
+	// TTL deadline, the lease 10s from now.
+	if pttl := c.PTTL(ctx, rkey).Val(); pttl <= r.TTL-5*time.Second || pttl > r.TTL {
+		t.Errorf("IN_PROGRESS PTTL = %v, want the %v TTL", pttl, r.TTL)
 	}
-	if h["state"] != "in_progress" || h["token"] != "t1" || h["epoch"] != "1" {
-		t.Errorf("IN_PROGRESS record = %v", h)
-	}
-	// lease is the lease's end in Unix milliseconds on the server's clock.
-	wantLeaseEnd(t, c, rkey, req(key, "t1").Lease)
+	wantLeaseLeft(t, c, rkey, r.Lease)
+
 	resp := sampleResponse()
-	if err := s.Complete(ctx, key, "t1", resp, time.Hour); err != nil {
+	if err := s.Complete(ctx, key, "t1", resp, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	h = c.HGetAll(ctx, rkey).Val()
-	if h["state"] != "complete" || h["body"] != string(resp.Body) {
-		t.Errorf("COMPLETE record = %q", h)
+	payload := h["c"+r.Fingerprint]
+	if len(h) != 2 || h["h"] != "c"+want[1:] || payload == "" {
+		t.Fatalf("COMPLETE record = %q", h)
 	}
-	for _, f := range []string{"token", "fp", "epoch", "meta"} {
-		if h[f] == "" {
-			t.Errorf("COMPLETE field %q missing: %v", f, h)
-		}
+	// The payload: the meta block's length (a uvarint), the meta block, the
+	// body. Compact: the meta block is smaller than the headers spelled out.
+	n, k := binary.Uvarint([]byte(payload))
+	if k <= 0 || n == 0 || n > 80 || payload[k+int(n):] != string(resp.Body) {
+		t.Errorf("payload %q: meta length %d (%d bytes), want a meta block under 80 bytes and then the body", payload, n, k)
+	}
+	meta, err := wire.AppendMeta(nil, resp)
+	if err != nil || payload[k:k+int(n)] != string(meta) {
+		t.Errorf("payload's meta block %q, want %q (%v)", payload[k:k+int(n)], meta, err)
 	}
 	// The key's expiry is the TTL, counted from completion.
-	if ttl := c.PTTL(ctx, rkey).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
-		t.Errorf("COMPLETE record's PTTL = %v, want just under 1h", ttl)
-	}
-	// Compact: the meta block is smaller than the headers spelled out.
-	if n := len(h["meta"]); n == 0 || n > 80 {
-		t.Errorf("meta is %d bytes", n)
-	}
-	if pttl := c.PTTL(ctx, rkey).Val(); pttl < 59*time.Minute || pttl > time.Hour {
-		t.Errorf("COMPLETE PTTL = %v, want 1h", pttl)
+	if pttl := c.PTTL(ctx, rkey).Val(); pttl <= 59*time.Second || pttl > time.Minute {
+		t.Errorf("COMPLETE record's PTTL = %v, want just under 1m", pttl)
 	}
 }
 
-// TestPreviousLeaseForm: an in-progress record whose lease field has the
-// previous version's form, "seconds:microseconds:ms" (the server's TIME
-// when the lease was taken or extended, and its length), as an upgrade
-// finds it in Redis, is judged by that lease: while it lasts a duplicate is
-// in flight for the time left, and once it has run out the record is
-// stolen. What next writes the lease (a steal, the holder's renewal, an
-// extend) writes its end in Unix milliseconds.
-func TestPreviousLeaseForm(t *testing.T) {
+// TestRecordLayoutLeaseLongerThanTTL: when the lease outlives the TTL the
+// key expires when the lease ends, offset 0.
+func TestRecordLayoutLeaseLongerThanTTL(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
-	serverNow := func() time.Time {
-		t.Helper()
-		now, err := c.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return now
+	key := randKey()
+	r := req(key, "t1")
+	r.Lease, r.TTL = time.Hour, time.Minute
+	mustAcquire(t, s, r, idempotency.Acquired)
+	if hd, err := parseHead(c.HGet(ctx, s.RecordKey(key), "h").Val()); err != nil || hd.offset != 0 || hd.epoch != 1 || hd.token != "t1" {
+		t.Fatalf("head %+v, %v; want offset 0, epoch 1, token t1", hd, err)
 	}
-	// previous returns the lease field the previous version wrote for a
-	// lease of length d taken at server time at.
-	previous := func(at time.Time, d time.Duration) string {
-		return fmt.Sprintf("%d:%d:%d", at.Unix(), at.Nanosecond()/1000, d.Milliseconds())
-	}
-	plant := func(lease string) (key, rkey string) {
-		key = randKey()
-		rkey = s.RecordKey(key)
-		c.HSet(ctx, rkey, "state", "in_progress", "token", "holder", "fp", req(key, "x").Fingerprint, "epoch", 3, "lease", lease)
-		c.PExpire(ctx, rkey, time.Hour)
-		return key, rkey
-	}
-
-	// A minute's lease taken at .999999 s into the second 20 s before the
-	// server's current one: the microseconds count, rounded down to the
-	// millisecond, so the lease ends at .999 s.
-	now := serverNow()
-	taken := time.Unix(now.Unix()-20, 999_999_000)
-	field := previous(taken, time.Minute)
-	key, rkey := plant(field)
-	end := taken.Truncate(time.Millisecond).Add(time.Minute)
-	// The script reads the clock in whole milliseconds, rounded down.
-	before := serverNow().Truncate(time.Millisecond)
-	a := mustAcquire(t, s, req(key, "duplicate"), idempotency.InFlight)
-	after := serverNow().Truncate(time.Millisecond)
-	if a.Epoch != 3 || a.LeaseRemaining > end.Sub(before) || a.LeaseRemaining < end.Sub(after) {
-		t.Errorf("in flight under %q: %+v; want epoch 3 and between %v and %v left", field, a, end.Sub(after), end.Sub(before))
-	}
-	if got := c.HGet(ctx, rkey, "lease").Val(); got != field {
-		t.Errorf("an in-flight answer changed the lease field: %q -> %q", field, got)
-	}
-
-	// Run out an hour ago: stolen, with a lease in the new form.
-	key, rkey = plant(previous(now.Add(-time.Hour), time.Second))
-	if a := mustAcquire(t, s, req(key, "thief"), idempotency.Stolen); a.Epoch != 4 {
-		t.Errorf("steal of a run-out lease at epoch 3 gave epoch %d, want 4", a.Epoch)
-	}
-	wantLeaseEnd(t, c, rkey, req(key, "thief").Lease)
-	mustAcquire(t, s, req(key, "holder"), idempotency.InFlight)
-
-	// A lease of a second: the holder's retry renews it to its own length.
-	key, rkey = plant(previous(now, time.Second))
-	if a := mustAcquire(t, s, req(key, "holder"), idempotency.Stolen); a.Epoch != 3 {
-		t.Errorf("holder's retry: epoch %d, want 3", a.Epoch)
-	}
-	wantLeaseEnd(t, c, rkey, req(key, "holder").Lease)
-
-	// An extend writes the new form.
-	key, rkey = plant(previous(now, time.Minute))
-	if err := s.Extend(ctx, key, "holder", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	wantLeaseEnd(t, c, rkey, 2*time.Minute)
+	wantLeaseLeft(t, c, s.RecordKey(key), time.Hour)
 }
 
 func TestBodyOmittedAndEmpty(t *testing.T) {
@@ -541,52 +570,5 @@ func TestConcurrentStealExactlyOneWins(t *testing.T) {
 	wg.Wait()
 	if stolen != 1 || inflight != n-1 || other != 0 {
 		t.Fatalf("stolen %d, in flight %d, other %d; want exactly one steal", stolen, inflight, other)
-	}
-}
-
-// leaseDeadline parses a record's lease field as the scripts write it, the
-// lease's end in Unix milliseconds (1 to 15 decimal digits, no leading
-// zero), into the time the lease ends.
-func leaseDeadline(v string) (time.Time, error) {
-	if len(v) == 0 || len(v) > 15 || v[0] == '0' || strings.Trim(v, "0123456789") != "" {
-		return time.Time{}, fmt.Errorf("lease field %q: want 1 to 15 decimal digits, no leading zero", v)
-	}
-	ms, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("lease field %q: %v", v, err)
-	}
-	return time.UnixMilli(ms), nil
-}
-
-// wantLeaseEnd checks that the lease field of the record at rkey is in the
-// form the scripts write and ends about lease from now on the server's
-// clock.
-func wantLeaseEnd(t *testing.T, c *redis.Client, rkey string, lease time.Duration) {
-	t.Helper()
-	v := c.HGet(ctx, rkey, "lease").Val()
-	now, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if at, err := leaseDeadline(v); err != nil {
-		t.Error(err)
-	} else if at.Before(now.Add(lease-5*time.Second)) || at.After(now.Add(lease)) {
-		t.Errorf("lease %q ends at %v, want about %v from %v", v, at, lease, now)
-	}
-}
-
-// waitLeaseExpired polls until the server's clock has passed the end of the
-// record's lease, without touching the record.
-func waitLeaseExpired(t *testing.T, c *redis.Client, rkey string) {
-	t.Helper()
-	at, err := leaseDeadline(c.HGet(ctx, rkey, "lease").Val())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !redistest.WaitFor(5*time.Second, func() bool {
-		now, err := c.Time(ctx).Result()
-		return err == nil && !now.Before(at)
-	}) {
-		t.Fatal("lease never expired on the server clock")
 	}
 }

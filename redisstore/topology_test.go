@@ -147,7 +147,7 @@ func TestWAITWithReplica(t *testing.T) {
 			t.Errorf("Complete with WAIT: %d round trips, %d commands; want 1 and 2",
 				counter.roundTrips.Load(), counter.commands.Load())
 		}
-		if st := rc.HGet(ctx, s.RecordKey(key), "state").Val(); st != "complete" {
+		if st := recordState(rc, s.RecordKey(key)); st != "complete" {
 			t.Fatalf("replica state right after Complete = %q, want complete", st)
 		}
 	}

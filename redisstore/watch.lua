@@ -12,13 +12,21 @@
 --   {1}            watchMarked: marked (it stays marked until the key is gone)
 --   {0}            watchNoRecord: nothing to mark, and nothing to wait for
 --   {-1, message}  replyCorrupt: the value under the key is not a hash
+--
+-- An in-progress head (field h, see acquire.lua) is marked by its state, "p"
+-- becoming "P"; a COMPLETE record has nothing to wait for and is left as it
+-- is. A record of the previous layout is marked with the field watched,
+-- which its holder, an instance of the previous version, reads.
 
 local key = KEYS[1]
 
-local present = redis.pcall('HEXISTS', key, 'state')
-if type(present) == 'table' and present['err'] then
-  return {-1, 'key does not hold a hash: ' .. present['err']}
+-- (.err: see complete.lua.)
+local h = redis.pcall('HGET', key, 'h')
+if h and h.err then return {-1, 'key does not hold a hash: ' .. h.err} end
+if h then
+  if string.sub(h, 1, 1) == 'p' then redis.call('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
+  return {1}
 end
-if present == 0 then return {0} end
+if redis.call('HEXISTS', key, 'state') == 0 then return {0} end
 redis.call('HSET', key, 'watched', '1')
 return {1}

@@ -317,8 +317,8 @@ func TestPublishOnlyWhenWatched(t *testing.T) {
 					}
 					defer stop()
 					changed = ch
-					if v := c.HGet(ctx, s.RecordKey(key), "watched").Val(); v != "1" {
-						t.Fatalf("watched field after Watch = %q, want 1", v)
+					if h := c.HGet(ctx, s.RecordKey(key), "h").Val(); !isWatched(c, s.RecordKey(key)) {
+						t.Fatalf("head after Watch = %q, want state P (watched)", h)
 					}
 				}
 				if err := runEdge(s, edge, key, "t1"); err != nil {
@@ -356,7 +356,7 @@ func TestWatchMarksOnlyRecords(t *testing.T) {
 	}
 	// The key is free for a first execution, which nothing marked.
 	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
-	if n := c.HExists(ctx, s.RecordKey(key), "watched").Val(); n {
+	if isWatched(c, s.RecordKey(key)) {
 		t.Fatal("a record watched before it existed is marked")
 	}
 

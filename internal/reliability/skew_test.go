@@ -46,11 +46,36 @@ func leaseEnd(field string) (time.Time, error) {
 	return time.UnixMilli(ms), nil
 }
 
+// leaseScript reads the record at KEYS[1] as the server holds it: its
+// holder's token, and its lease's end in Unix milliseconds, which is the
+// key's expiry (PEXPIRETIME) less the head's offset (see
+// redisstore/README.md, Record layout). It answers nothing when there is
+// no record.
+const leaseScript = `
+local h = redis.call('HGET', KEYS[1], 'h')
+if not h then return {} end
+local tl, ti = string.match(h, '^[pPc](%d+):()')
+local off = string.match(h, '^%d+:(%d+):', ti + tl)
+local at = redis.call('PEXPIRETIME', KEYS[1])
+return {string.sub(h, ti, ti + tl - 1), string.format('%d', at - tonumber(off))}`
+
+// readLease returns the token and the lease's end, in Unix milliseconds as
+// a decimal string, of the record at rkey on the server at addr; both are
+// empty when there is no record.
+func readLease(addr, rkey string) (token, lease string, err error) {
+	reply, err := redistest.Do(addr, "EVAL", leaseScript, "1", rkey)
+	if err != nil {
+		return "", "", err
+	}
+	token, lease, _ = strings.Cut(reply, "\n")
+	return token, lease, nil
+}
+
 // leaseLeft returns how much of the lease in the record at rkey the server
 // at addr sees left, by its own TIME (negative once it ran out).
 func leaseLeft(t testing.TB, addr, rkey string) time.Duration {
 	t.Helper()
-	field, err := redistest.Do(addr, "HGET", rkey, "lease")
+	_, field, err := readLease(addr, rkey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,12 +161,12 @@ func TestSkewLeaseJudgedByNewMaster(t *testing.T) {
 			freshAt := time.Now()
 			for _, key := range []string{"old", "fresh"} {
 				rkey := onM.RecordKey(key)
-				want, err := redistest.Do(m.Addr(), "HGET", rkey, "lease")
+				_, want, err := readLease(m.Addr(), rkey)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !redistest.WaitFor(2*time.Second, func() bool {
-					got, err := redistest.Do(r.Addr(), "HGET", rkey, "lease")
+					_, got, err := readLease(r.Addr(), rkey)
 					return err == nil && got == want
 				}) {
 					t.Fatalf("the replica's lease field of %s never became the master's %q", key, want)
@@ -306,12 +331,11 @@ func watchLease(addr, rkey string) *leaseWatch {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			reply, err := redistest.Do(addr, "HMGET", rkey, "token", "lease")
-			if err != nil || reply == last {
+			token, lease, err := readLease(addr, rkey)
+			if err != nil || token+"\n"+lease == last {
 				continue
 			}
-			last = reply
-			token, lease, _ := strings.Cut(reply, "\n")
+			last = token + "\n" + lease
 			if token == "" {
 				continue // no record yet
 			}

@@ -1,0 +1,94 @@
+package redisstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"strconv"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/wire"
+)
+
+// A record is a hash (see README.md, Record layout). Its field h, the head,
+// is
+//
+//	<state><token length>:<token><epoch>:<offset>:<fingerprint>
+//
+// with state "p" (in progress), "P" (in progress, watched) or "c"
+// (complete), and the lease ending offset milliseconds before the key
+// expires. A COMPLETE record also holds its payload in the field named "c"
+// followed by the fingerprint, so that a replay is one HGET of the field
+// the request's own fingerprint names. The scripts parse and write heads;
+// the Go side only builds the parts it sends.
+
+// payloadField returns the name of the payload field of a COMPLETE record
+// made by a request with fingerprint fp.
+func payloadField(fp string) string { return "c" + fp }
+
+// tokenTag returns token as a head spells it after its state:
+// <length>:<token>. A head opens with its state and this tag, so the fenced
+// scripts compare one substring; a decimal length followed by ":" is never
+// a prefix of another, so equal tags mean equal tokens.
+func tokenTag(token string) string { return strconv.Itoa(len(token)) + ":" + token }
+
+// newHead returns the head of a new record held by token at epoch 1, for a
+// request with fingerprint fp, whose lease ends offset milliseconds before
+// its key expires.
+func newHead(token, fp string, offset int64) string {
+	b := make([]byte, 0, 1+len(token)+len(fp)+32)
+	b = append(b, 'p')
+	b = strconv.AppendInt(b, int64(len(token)), 10)
+	b = append(b, ':')
+	b = append(b, token...)
+	b = append(b, "1:"...)
+	b = strconv.AppendInt(b, offset, 10)
+	b = append(b, ':')
+	b = append(b, fp...)
+	return string(b)
+}
+
+// appendPayload appends the payload of resp to b: the length of its meta
+// block as a uvarint, the meta block (wire.AppendMeta) and the body (none
+// when BodyOmitted).
+func appendPayload(b []byte, resp *idempotency.Response) ([]byte, error) {
+	meta, err := wire.AppendMeta(nil, resp)
+	if err != nil {
+		return nil, err
+	}
+	body := resp.Body
+	if resp.BodyOmitted {
+		body = nil
+	}
+	b = binary.AppendUvarint(b, uint64(len(meta)))
+	b = append(b, meta...)
+	return append(b, body...), nil
+}
+
+// splitPayload returns the meta block and the body of a payload.
+func splitPayload(p string) (meta, body string, err error) {
+	n, k := uvarint(p)
+	if k <= 0 || n > uint64(len(p)-k) {
+		return "", "", errors.New("payload: malformed meta length")
+	}
+	end := k + int(n)
+	return p[k:end], p[end:], nil
+}
+
+// uvarint decodes a uvarint at the start of s, as binary.Uvarint does for
+// a byte slice, without copying s.
+func uvarint(s string) (uint64, int) {
+	var x uint64
+	var shift uint
+	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
+		c := s[i]
+		if c < 0x80 {
+			if i == binary.MaxVarintLen64-1 && c > 1 {
+				return 0, -(i + 1) // overflow
+			}
+			return x | uint64(c)<<shift, i + 1
+		}
+		x |= uint64(c&0x7f) << shift
+		shift += 7
+	}
+	return 0, 0
+}
