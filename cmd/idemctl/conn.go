@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/pgstore"
+	"github.com/go-idempotency/idempotency/redisstore"
+)
+
+// defaultPrefix is redisstore's default key prefix.
+const defaultPrefix = "idempotency:"
+
+// connFlags are the flags that say where the records are.
+type connFlags struct {
+	redis, sentinel, master string
+	cluster                 bool
+	postgres                string
+	prefix, table           string
+	timeout                 time.Duration
+}
+
+// register adds the connection flags to fs.
+func (f *connFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.redis, "redis", "", "Redis `address` (host:port) or URL (redis://[user:password@]host:port[/db]); env REDIS_URL, then REDIS_ADDR")
+	fs.BoolVar(&f.cluster, "cluster", false, "-redis names the seed nodes of a Redis Cluster, comma-separated")
+	fs.StringVar(&f.sentinel, "sentinel", "", "Redis behind Sentinel: the sentinels' `addresses`, comma-separated (with -master)")
+	fs.StringVar(&f.master, "master", "", "the master `name` the sentinels monitor")
+	fs.StringVar(&f.postgres, "postgres", "", "PostgreSQL connection `URL`; env DATABASE_URL")
+	fs.StringVar(&f.prefix, "prefix", defaultPrefix, "the redisstore key `prefix` (redisstore.WithPrefix)")
+	fs.StringVar(&f.table, "table", pgstore.DefaultTable, "the pgstore `table`, optionally schema.table (pgstore.WithTable)")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this `duration` (0: never)")
+}
+
+// context returns ctx bounded by -timeout.
+func (f *connFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	if f.timeout > 0 {
+		return context.WithTimeout(ctx, f.timeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// open connects to the store the flags (or the environment) name.
+func (f *connFlags) open(ctx context.Context, c *cli) (backend, error) {
+	if f.prefix == "" {
+		return nil, usagef("-prefix is empty")
+	}
+	redisAddr, pgURL := f.redis, f.postgres
+	if f.sentinel != "" && redisAddr != "" {
+		return nil, usagef("-sentinel and -redis name two Redis deployments: give one")
+	}
+	if f.sentinel != "" && f.master == "" {
+		return nil, usagef("-sentinel needs -master, the name the sentinels monitor")
+	}
+	isRedis := redisAddr != "" || f.sentinel != ""
+	switch {
+	case isRedis && pgURL != "":
+		return nil, usagef("both Redis and PostgreSQL given: give one")
+	case isRedis, pgURL != "":
+	default:
+		envRedis := c.getenv("REDIS_URL")
+		if envRedis == "" {
+			envRedis = c.getenv("REDIS_ADDR")
+		}
+		envPG := c.getenv("DATABASE_URL")
+		switch {
+		case envRedis != "" && envPG != "":
+			return nil, usagef("both REDIS_URL (or REDIS_ADDR) and DATABASE_URL are set: choose with -redis or -postgres")
+		case envRedis != "":
+			redisAddr, isRedis = envRedis, true
+		case envPG != "":
+			pgURL = envPG
+		default:
+			return nil, usagef("no store: give -redis, -sentinel or -postgres (or set REDIS_URL or DATABASE_URL)")
+		}
+	}
+	if isRedis {
+		client, where, err := f.redisClient(redisAddr, c.getenv("REDIS_PASSWORD"))
+		if err != nil {
+			return nil, err
+		}
+		return newRedisBackend(client, where, f.prefix), nil
+	}
+	t, err := parseTable(f.table)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	cfg, err := pgx.ParseConfig(pgURL)
+	if err != nil {
+		return nil, usagef("PostgreSQL connection string: %v", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	return &pgBackend{conn: conn, table: t, where: fmt.Sprintf("postgres %s:%d/%s", cfg.Host, cfg.Port, cfg.Database)}, nil
+}
+
+// redisClient returns a client for the deployment the flags name, and a
+// description of it.
+func (f *connFlags) redisClient(addr, password string) (redis.UniversalClient, string, error) {
+	const (
+		dialTimeout = 5 * time.Second
+		ioTimeout   = 5 * time.Second
+	)
+	switch {
+	case f.sentinel != "":
+		opt := &redis.FailoverOptions{
+			MasterName:            f.master,
+			SentinelAddrs:         splitList(f.sentinel),
+			Password:              password,
+			DialTimeout:           dialTimeout,
+			ReadTimeout:           ioTimeout,
+			WriteTimeout:          ioTimeout,
+			MaxRetries:            -1,
+			ContextTimeoutEnabled: true,
+		}
+		return redis.NewFailoverClient(opt), fmt.Sprintf("redis sentinel master %q", f.master), nil
+	case f.cluster:
+		var opt *redis.ClusterOptions
+		if strings.Contains(addr, "://") {
+			var err error
+			if opt, err = redis.ParseClusterURL(addr); err != nil {
+				return nil, "", usagef("-redis: %v", err)
+			}
+		} else {
+			opt = &redis.ClusterOptions{Addrs: splitList(addr), Password: password}
+		}
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = dialTimeout, ioTimeout, ioTimeout
+		opt.MaxRetries, opt.ContextTimeoutEnabled = -1, true
+		return redis.NewClusterClient(opt), "redis cluster " + strings.Join(opt.Addrs, ","), nil
+	}
+	var opt *redis.Options
+	if strings.Contains(addr, "://") {
+		var err error
+		if opt, err = redis.ParseURL(addr); err != nil {
+			return nil, "", usagef("-redis: %v", err)
+		}
+	} else {
+		if strings.Contains(addr, ",") {
+			return nil, "", usagef("-redis %q names several nodes: add -cluster for a Redis Cluster", addr)
+		}
+		opt = &redis.Options{Addr: addr, Password: password}
+	}
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = dialTimeout, ioTimeout, ioTimeout
+	opt.MaxRetries, opt.ContextTimeoutEnabled = -1, true
+	return redis.NewClient(opt), "redis " + opt.Addr, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// pgTable is a validated pgstore table name.
+type pgTable struct {
+	name   string // as given: the default notification channel
+	quoted string // for SQL
+	schema string // "" for the search_path's
+	rel    string // the table's own name
+}
+
+// identifier is one part of a pgstore table name (see pgstore.WithTable).
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// parseTable validates name as pgstore.WithTable does.
+func parseTable(name string) (pgTable, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return pgTable{}, fmt.Errorf("-table %q has more than two parts", name)
+	}
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return pgTable{}, fmt.Errorf("-table %q: %q is not an identifier of 1 to 63 letters, digits and underscores", name, p)
+		}
+	}
+	t := pgTable{name: name, quoted: pgx.Identifier(parts).Sanitize(), rel: parts[len(parts)-1]}
+	if len(parts) == 2 {
+		t.schema = parts[0]
+	}
+	return t, nil
+}
+
+// target names one record: by -scope and -key, or by a storage key (or
+// Redis key) as the argument.
+type target struct {
+	scope, key string
+	keySet     bool
+}
+
+func (t *target) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.scope, "scope", "", "the record's `scope`: what the middleware's WithKeyScope returned (empty without one)")
+	fs.Func("key", "the client's Idempotency-Key `value`, as sent (bare, or quoted with \\\" and \\\\ escapes)", func(v string) error {
+		t.key, t.keySet = v, true
+		return nil
+	})
+}
+
+// storageKey returns the storage key the flags and positional arguments
+// name. prefix is stripped from a Redis key given as the argument.
+func (t *target) storageKey(pos []string, prefix string) (string, error) {
+	switch {
+	case t.keySet && len(pos) > 0:
+		return "", usagef("give -key or a storage key, not both")
+	case t.keySet:
+		key, err := idempotency.ParseKey(t.key)
+		if err != nil {
+			return "", usagef("-key: %v", err)
+		}
+		return idempotency.StorageKey(t.scope, key), nil
+	case len(pos) == 0:
+		return "", usagef("name a record: -scope and -key, or its storage key")
+	case len(pos) > 1:
+		return "", usagef("one record at a time: %d arguments given", len(pos))
+	case t.scope != "":
+		return "", usagef("-scope goes with -key, not with a storage key")
+	}
+	k := strings.TrimPrefix(pos[0], prefix)
+	if !isStorageKey(k) {
+		return "", usagef("%q is not a storage key (64 lower-case hex digits, or the prefix %q and them)", pos[0], prefix)
+	}
+	return k, nil
+}
+
+// isStorageKey reports whether k has the form of idempotency.StorageKey's
+// result.
+func isStorageKey(k string) bool {
+	if len(k) != 64 || strings.ToLower(k) != k {
+		return false
+	}
+	_, err := hex.DecodeString(k)
+	return err == nil
+}
+
+// backend is a store idemctl works on.
+type backend interface {
+	// describe names the store for people.
+	describe() string
+	// location names a record's place: its Redis key or its table.
+	location(key string) string
+	// inspect returns the record under key with at most bodyLimit bytes of
+	// its body, or nil when there is none.
+	inspect(ctx context.Context, key string, bodyLimit int) (*record, error)
+	// remove deletes the record under key when rule allows it.
+	remove(ctx context.Context, key string, rule removal) (*record, error)
+	// list passes every record that opts selects to emit.
+	list(ctx context.Context, c *cli, opts listOptions, emit func(*record) error) error
+	// stats counts the records and their memory.
+	stats(ctx context.Context, c *cli, opts statsOptions) (*statsResult, error)
+	// check judges the server's settings.
+	check(ctx context.Context, opts checkOptions) (redisstore.Report, error)
+	close()
+}

@@ -1,0 +1,216 @@
+// Command idemctl inspects and repairs the records that the idempotency
+// middleware keeps in Redis (redisstore) or PostgreSQL (pgstore), and checks
+// that the server keeps them safely.
+//
+//	idemctl key     -scope user-42 -key 4b1c…            # scope + client key → storage key
+//	idemctl inspect -redis 127.0.0.1:6379 -scope user-42 -key 4b1c…
+//	idemctl list    -redis 127.0.0.1:6379 -state in_progress -older 30s
+//	idemctl release -redis 127.0.0.1:6379 3f0c…e9
+//	idemctl stats   -postgres "$DATABASE_URL"
+//	idemctl check   -redis 127.0.0.1:6379               # exit status 1 when unsafe
+//
+// Run idemctl -h for the commands and idemctl <command> -h for each
+// command's manual. RUNBOOK.md at the repository's root puts them to use.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit statuses.
+const (
+	exitOK       = 0 // done
+	exitFailure  = 1 // an error, or check found something unsafe
+	exitUsage    = 2 // bad flags or arguments
+	exitNotFound = 3 // no such record
+	exitRefused  = 4 // a safety rule refused the change (see -force)
+)
+
+func main() {
+	// go-redis logs dial failures and Sentinel events of its own; idemctl
+	// reports errors itself.
+	redis.SetLogger(quietLogger{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// quietLogger drops go-redis's log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// cli is what a command runs with: its output streams and its environment.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// command is one subcommand of idemctl.
+type command struct {
+	name, summary string
+	// usage is the synopsis after "idemctl name"; help explains the command
+	// and examples shows it at work, both printed by -h.
+	usage, help, examples string
+	run                   func(ctx context.Context, c *cli, cmd *command, args []string) int
+}
+
+var commands []*command
+
+func init() {
+	commands = []*command{keyCmd, inspectCmd, listCmd, deleteCmd, releaseCmd, statsCmd, checkCmd}
+}
+
+const topUsage = `idemctl inspects and repairs the records of the idempotency middleware in
+Redis (redisstore) and PostgreSQL (pgstore), and checks that the server keeps
+them safely.
+
+Usage:
+  idemctl <command> [flags] [storage key]
+
+Commands:
+%s
+Connection (flags of every command but key; a flag wins over the environment):
+  -redis ADDR|URL     Redis: host:port or redis://[user:password@]host:port[/db]
+                      (environment: REDIS_URL, then REDIS_ADDR; REDIS_PASSWORD)
+  -cluster            -redis names the seed nodes of a Redis Cluster, comma-separated
+  -sentinel ADDRS     Redis behind Sentinel: the sentinels, comma-separated, with -master NAME
+  -postgres URL       PostgreSQL: a connection string (environment: DATABASE_URL)
+  -prefix P           the redisstore prefix (default "idempotency:")
+  -table T            the pgstore table (default idempotency_records)
+  -timeout D          give up after D (default 30s; 0 never)
+
+A record is named by -scope and -key (what the middleware's key scope returned
+and the client's Idempotency-Key), or by its storage key (the key_hash of the
+middleware's logs and events), or by its Redis key.
+
+Exit status:
+  0  done
+  1  an error, or check found an unsafe setting
+  2  bad flags or arguments
+  3  no such record
+  4  a safety rule refused the change (see -force)
+
+Run 'idemctl <command> -h' for a command's manual. RUNBOOK.md puts them to use.
+`
+
+// printTopUsage writes the top-level help to w.
+func printTopUsage(w io.Writer) {
+	var b strings.Builder
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, topUsage, b.String())
+}
+
+// run runs idemctl with args (without the program's name) and returns its
+// exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	c := &cli{stdout: stdout, stderr: stderr, getenv: getenv}
+	if len(args) == 0 {
+		printTopUsage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		if len(args) > 1 && args[0] == "help" {
+			if cmd := lookup(args[1]); cmd != nil {
+				printCommandUsage(stdout, cmd, newFlagSet(cmd, c))
+				return exitOK
+			}
+		}
+		printTopUsage(stdout)
+		return exitOK
+	}
+	cmd := lookup(args[0])
+	if cmd == nil {
+		fmt.Fprintf(stderr, "idemctl: unknown command %q; run 'idemctl -h' for the list\n", args[0])
+		return exitUsage
+	}
+	return cmd.run(ctx, c, cmd, args[1:])
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// newFlagSet returns an empty flag set for cmd that reports nothing itself:
+// parse prints help and errors.
+func newFlagSet(cmd *command, c *cli) *flag.FlagSet {
+	fs := flag.NewFlagSet("idemctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// printCommandUsage writes cmd's manual and fs's flags to w.
+func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: idemctl %s %s\n\n%s\n", cmd.name, cmd.usage, strings.TrimSpace(cmd.help))
+	fmt.Fprintf(w, "\nFlags:\n")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	if cmd.examples != "" {
+		fmt.Fprintf(w, "\nExamples:\n%s\n", strings.TrimRight(cmd.examples, "\n"))
+	}
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// parse parses args with fs, allowing flags after positional arguments,
+// and returns the positional ones. -h prints cmd's manual to stdout; it and
+// errors are reported through the returned status (ok false).
+func parse(c *cli, cmd *command, fs *flag.FlagSet, args []string) (pos []string, status int, ok bool) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printCommandUsage(c.stdout, cmd, fs)
+				return nil, exitOK, false
+			}
+			return nil, c.usageFailed(cmd, err), false
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, exitOK, true
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// usageFailed reports a usage error of cmd and returns exitUsage.
+func (c *cli) usageFailed(cmd *command, err error) int {
+	fmt.Fprintf(c.stderr, "idemctl %s: %v\nRun 'idemctl %s -h' for usage.\n", cmd.name, err, cmd.name)
+	return exitUsage
+}
+
+// fail reports err for cmd and returns its exit status: exitUsage for a
+// usageError, exitFailure otherwise.
+func (c *cli) fail(cmd *command, err error) int {
+	var ue usageError
+	if errors.As(err, &ue) {
+		return c.usageFailed(cmd, err)
+	}
+	fmt.Fprintf(c.stderr, "idemctl %s: %v\n", cmd.name, err)
+	return exitFailure
+}

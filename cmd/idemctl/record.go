@@ -1,0 +1,604 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/go-idempotency/idempotency/internal/wire"
+)
+
+// Record states as idemctl shows them: the stores' two, and the ones a
+// store's reader cannot take at face value.
+const (
+	stateInProgress = "in_progress"
+	stateComplete   = "complete"
+	stateCorrupt    = "corrupt" // not a record the store can read
+	stateExpired    = "expired" // PostgreSQL: past expires_at, not yet purged
+)
+
+// record is one record as idemctl shows it.
+type record struct {
+	Key      string // storage key
+	Location string // Redis key, or table
+	State    string
+	Problem  string // why the record is corrupt
+	Unread   string // what idemctl did not read of a readable record (list reads a bounded prefix)
+
+	Epoch       int64
+	Token       string
+	Fingerprint []byte
+	LeaseEnd    time.Time      // on the server's clock; zero when unknown
+	LeaseLeft   *time.Duration // in progress: negative once the lease ran out
+	ExpiresIn   *time.Duration // nil: no expiry (or unknown)
+	Age         *time.Duration // since acquired (or stolen) or completed, from the TTL; list only
+	Updated     *time.Duration // PostgreSQL: since an edge last wrote the row
+	Watched     bool
+
+	Status      int
+	Header      http.Header
+	BodyOmitted bool
+	BodyLen     int64
+	Body        []byte // the first bytes of the body, up to the preview limit
+
+	ServerTime time.Time
+}
+
+// leaseLive reports whether the record's lease has not run out.
+func (r *record) leaseLive() bool { return r.LeaseLeft != nil && *r.LeaseLeft > 0 }
+
+// recordJSON is the JSON form of a record.
+type recordJSON struct {
+	StorageKey        string      `json:"storage_key"`
+	Location          string      `json:"location"`
+	State             string      `json:"state"`
+	Problem           string      `json:"problem,omitempty"`
+	Unread            string      `json:"unread,omitempty"`
+	Epoch             int64       `json:"epoch,omitempty"`
+	Token             string      `json:"token,omitempty"`
+	Fingerprint       string      `json:"fingerprint_hex,omitempty"`
+	LeaseEnd          *time.Time  `json:"lease_end,omitempty"`
+	LeaseLeftMS       *int64      `json:"lease_left_ms,omitempty"`
+	ExpiresInMS       *int64      `json:"expires_in_ms,omitempty"`
+	AgeMS             *int64      `json:"age_ms,omitempty"`
+	UpdatedMS         *int64      `json:"updated_ms_ago,omitempty"`
+	Watched           bool        `json:"watched"`
+	Status            int         `json:"status,omitempty"`
+	Headers           http.Header `json:"headers,omitempty"`
+	BodyOmitted       bool        `json:"body_omitted,omitempty"`
+	BodyBytes         int64       `json:"body_bytes"`
+	BodyPreview       *string     `json:"body_preview,omitempty"`
+	BodyPreviewBase64 string      `json:"body_preview_base64,omitempty"`
+	ServerTime        time.Time   `json:"server_time"`
+}
+
+func ms(d *time.Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	v := d.Milliseconds()
+	return &v
+}
+
+func (r *record) json() recordJSON {
+	j := recordJSON{
+		StorageKey: r.Key, Location: r.Location, State: r.State, Problem: r.Problem, Unread: r.Unread,
+		Epoch: r.Epoch, Token: r.Token, Fingerprint: hex.EncodeToString(r.Fingerprint),
+		LeaseLeftMS: ms(r.LeaseLeft), ExpiresInMS: ms(r.ExpiresIn), AgeMS: ms(r.Age), UpdatedMS: ms(r.Updated),
+		Watched: r.Watched, Status: r.Status, Headers: r.Header, BodyOmitted: r.BodyOmitted,
+		BodyBytes: r.BodyLen, ServerTime: r.ServerTime,
+	}
+	if !r.LeaseEnd.IsZero() {
+		t := r.LeaseEnd
+		j.LeaseEnd = &t
+	}
+	if len(r.Body) > 0 {
+		j.BodyPreviewBase64 = base64.StdEncoding.EncodeToString(r.Body)
+		if utf8.Valid(r.Body) {
+			s := string(r.Body)
+			j.BodyPreview = &s
+		}
+	}
+	return j
+}
+
+// writeJSON writes v as one line of JSON.
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// writeText writes r for people.
+func (r *record) writeText(w io.Writer) {
+	line := func(name, format string, args ...any) {
+		fmt.Fprintln(w, strings.TrimRight(fmt.Sprintf("%-12s %s", name, fmt.Sprintf(format, args...)), " "))
+	}
+	line("storage key", "%s", r.Key)
+	line("location", "%s", r.Location)
+	state := r.State
+	if r.Problem != "" {
+		state += ": " + safe(r.Problem)
+	}
+	line("state", "%s", state)
+	if r.Unread != "" {
+		line("unread", "%s", r.Unread)
+	}
+	if r.Epoch > 0 {
+		line("epoch", "%d", r.Epoch)
+	}
+	if r.Token != "" {
+		line("token", "%s", safe(r.Token))
+	}
+	if len(r.Fingerprint) > 0 {
+		line("fingerprint", "%s", hex.EncodeToString(r.Fingerprint))
+	}
+	if r.State == stateInProgress || (r.State == stateExpired && r.LeaseLeft != nil) {
+		line("lease", "%s", describeLease(r))
+	}
+	if r.ExpiresIn != nil {
+		what := "expires in"
+		if r.State == stateExpired {
+			line("expired", "%s ago (absent to requests; the next purge deletes the row)", human(-*r.ExpiresIn))
+		} else {
+			line(what, "%s", human(*r.ExpiresIn))
+		}
+	} else if r.State != stateExpired {
+		line("expires in", "never (no expiry set)")
+	}
+	if r.Updated != nil {
+		line("updated", "%s ago", human(*r.Updated))
+	}
+	line("watched", "%s", yesNo(r.Watched))
+	if r.Status != 0 {
+		line("status", "%d %s", r.Status, http.StatusText(r.Status))
+		names := slices.Sorted(func(yield func(string) bool) {
+			for k := range r.Header {
+				if !yield(k) {
+					return
+				}
+			}
+		})
+		if len(names) == 0 {
+			line("headers", "none")
+		} else {
+			line("headers", "")
+		}
+		for _, k := range names {
+			for _, v := range r.Header[k] {
+				fmt.Fprintf(w, "  %s: %s\n", safe(k), safe(v))
+			}
+		}
+		switch {
+		case r.BodyOmitted:
+			line("body", "omitted (over the cap, or not known whole): replays send an empty body")
+		case r.BodyLen == 0:
+			line("body", "empty")
+		default:
+			shown := ""
+			if int64(len(r.Body)) < r.BodyLen {
+				shown = fmt.Sprintf(", first %d shown", len(r.Body))
+			}
+			line("body", "%d bytes%s", r.BodyLen, shown)
+			writePreview(w, r.Body)
+		}
+	}
+}
+
+// describeLease says when the record's lease ends or ended.
+func describeLease(r *record) string {
+	if r.LeaseLeft == nil {
+		return "unknown"
+	}
+	at := ""
+	if !r.LeaseEnd.IsZero() {
+		at = " (" + r.LeaseEnd.UTC().Format("2006-01-02T15:04:05.000Z") + " on the server's clock)"
+	}
+	if left := *r.LeaseLeft; left > 0 {
+		return "live, " + human(left) + " left" + at
+	}
+	return "ran out " + human(-*r.LeaseLeft) + " ago" + at
+}
+
+// writePreview writes body indented: as text when it is printable UTF-8,
+// else as a hex dump.
+func writePreview(w io.Writer, body []byte) {
+	if printable(body) {
+		for _, l := range strings.SplitAfter(string(body), "\n") {
+			if l == "" {
+				continue
+			}
+			fmt.Fprintf(w, "  | %s\n", strings.TrimRight(strings.ReplaceAll(l, "\t", "    "), "\r\n"))
+		}
+		return
+	}
+	for _, l := range strings.Split(strings.TrimRight(hex.Dump(body), "\n"), "\n") {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+}
+
+// printable reports whether b is UTF-8 text without control characters
+// other than tab, carriage return and newline.
+func printable(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if r != '\n' && r != '\t' && r != '\r' && !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// safe returns s as it is when it is printable on one line, else quoted
+// with Go escapes, so that no byte of a record can move a terminal's
+// cursor.
+func safe(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes (a waiter is notified when the record completes or is released)"
+	}
+	return "no"
+}
+
+// human renders d for people: milliseconds under a minute, seconds above.
+func human(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + human(-d)
+	case d < time.Minute:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// removal is what delete and release may remove.
+type removal struct {
+	release bool  // release: only a record in progress
+	force   bool  // remove what the rules below refuse (release: but never a COMPLETE one)
+	epoch   int64 // when > 0, only a record at this epoch
+}
+
+// errRefused wraps the reasons a removal rule refused a change.
+var errRefused = errors.New("refused")
+
+// errNotFound says there is no record.
+var errNotFound = errors.New("no such record")
+
+// judge returns nil when the rule lets r be removed, else an error
+// wrapping errRefused that says why. r must not be nil.
+func (u removal) judge(r *record) error {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", errRefused, fmt.Sprintf(format, args...))
+	}
+	if u.epoch > 0 && r.Epoch != u.epoch {
+		return refuse("the record is at epoch %d, not %d: it changed since you looked; inspect it again", r.Epoch, u.epoch)
+	}
+	if u.release && r.State != stateInProgress {
+		return refuse("release acts on IN_PROGRESS records only, and this one is %s (delete removes others, with -force where needed)", r.State)
+	}
+	if r.State == stateExpired {
+		return nil
+	}
+	if !u.force {
+		switch r.State {
+		case stateComplete:
+			return refuse("the record is COMPLETE: deleting it makes the next duplicate run the handler again instead of replaying; add -force if that is what you want")
+		case stateCorrupt:
+			return refuse("the record is unreadable (%s); requests for it get 500 record_unreadable; deleting it lets the next one run the handler; add -force if that is what you want", r.Problem)
+		case stateInProgress:
+			if r.leaseLive() {
+				return refuse("the lease is live (%s left): its handler may still be running, and removing the record lets a duplicate run beside it; wait for the lease to run out, or add -force once you know the owner is gone", human(*r.LeaseLeft))
+			}
+		}
+	}
+	return nil
+}
+
+// The layout of a redisstore record, as redisstore's scripts write and read
+// it (acquire.lua, complete.lua, extend.lua, release.lua, watch.lua; see
+// redisstore/record.go): a hash at the prefix and the storage key. Only
+// decodeRedis (and the helpers it calls) reads the fields; the rest of
+// idemctl gets a rawRecord, every field of the hash, from read.lua.
+//
+// The current layout has a head, field h:
+//
+//	<state><token length>:<token><epoch>:<offset>:<fingerprint>
+//
+// with state "p" (in progress), "P" (in progress, and a waiter watches it)
+// or "c" (complete); an in-progress lease ends offset milliseconds before
+// the key expires. A COMPLETE record adds the field "c" + fingerprint, its
+// payload: the length of the meta block as a uvarint, the meta block
+// (internal/wire) and the body.
+//
+// The previous layout, still read during a rolling upgrade, has the fields
+// state ("in_progress" or "complete"), token, fp, epoch, lease (the lease's
+// end in Unix milliseconds on the server's clock, or the older
+// "seconds:microseconds:ms"), watched, and for a COMPLETE record meta and
+// body.
+
+// rawRecord is a record key as Redis holds it: its type, expiry and, for a
+// hash, every field with (at most) the first bytes of its value.
+type rawRecord struct {
+	typ    string        // TYPE: "hash" for a record
+	pttl   time.Duration // PTTL: -1 without expiry
+	fields []rawField    // HGETALL's order
+	now    time.Time     // the server's TIME
+}
+
+// rawField is one field of a record's hash.
+type rawField struct {
+	name  string
+	size  int64  // the value's length
+	value string // its first bytes: all of it when len(value) == size
+}
+
+// whole reports whether f's value was read in full.
+func (f rawField) whole() bool { return int64(len(f.value)) == f.size }
+
+// field returns the field named name.
+func (r *rawRecord) field(name string) (rawField, bool) {
+	for _, f := range r.fields {
+		if f.name == name {
+			return f, true
+		}
+	}
+	return rawField{}, false
+}
+
+// decodeRedis turns raw, the record key of storage key key at location,
+// into a record, judging it as redisstore's acquire.lua does: a value that
+// acquire.lua would report as corrupt is shown as corrupt, with its
+// reason. bodyLimit bounds the body preview.
+func decodeRedis(key, location string, raw *rawRecord, bodyLimit int) *record {
+	rec := &record{Key: key, Location: location, ServerTime: raw.now}
+	if raw.pttl >= 0 {
+		d := raw.pttl
+		rec.ExpiresIn = &d
+	}
+	corrupt := func(problem string) *record {
+		rec.State, rec.Problem = stateCorrupt, problem
+		return rec
+	}
+	if raw.typ != "hash" {
+		return corrupt("the key holds a " + raw.typ + ", not a hash")
+	}
+	if h, ok := raw.field("h"); ok {
+		if !h.whole() {
+			return corrupt(fmt.Sprintf("field h is %d bytes long, more than idemctl read", h.size))
+		}
+		if problem := decodeHead(rec, raw, h.value, bodyLimit); problem != "" {
+			return corrupt(problem)
+		}
+		return rec
+	}
+	if _, ok := raw.field("state"); ok {
+		if problem := decodePrevious(rec, raw, bodyLimit); problem != "" {
+			return corrupt(problem)
+		}
+		return rec
+	}
+	return corrupt("field h is missing")
+}
+
+// decodeHead fills rec from a record of the current layout with head h,
+// or returns why acquire.lua would report it as corrupt.
+func decodeHead(rec *record, raw *rawRecord, h string, bodyLimit int) string {
+	malformedToken := "field h: malformed state or token length"
+	if h == "" || !strings.ContainsRune("cpP", rune(h[0])) {
+		return malformedToken
+	}
+	state := h[0]
+	tl, rest, ok := strings.Cut(h[1:], ":")
+	if !ok || !digits(tl, 9) {
+		return malformedToken
+	}
+	n, _ := strconv.Atoi(tl)
+	if n > len(rest) {
+		return "field h: malformed epoch or offset"
+	}
+	rec.Token, rest = rest[:n], rest[n:]
+	e, rest, ok1 := strings.Cut(rest, ":")
+	off, fp, ok2 := strings.Cut(rest, ":")
+	epoch, epochOK := parseEpoch(e)
+	offset, offsetOK := parseOffset(off)
+	if !ok1 || !ok2 || !epochOK || !offsetOK {
+		return "field h: malformed epoch or offset"
+	}
+	rec.Epoch, rec.Fingerprint = epoch, []byte(fp)
+	if state != 'c' {
+		if raw.pttl < 0 {
+			return "the key has no expiry, so its lease has no end"
+		}
+		left := raw.pttl - time.Duration(offset)*time.Millisecond
+		rec.LeaseLeft = &left
+		rec.LeaseEnd = raw.now.Add(left).Truncate(time.Millisecond)
+		rec.Watched = state == 'P'
+		rec.State = stateInProgress
+		return ""
+	}
+	payload, ok := raw.field("c" + fp)
+	if !ok {
+		return fmt.Sprintf("field %q (the payload) is missing", "c"+fp)
+	}
+	rec.State = stateComplete
+	k, metaLen := uvarintPrefix(payload.value)
+	switch {
+	case k > 0 && uint64(payload.size-int64(k)) >= metaLen:
+	case k == 0 && !payload.whole():
+		rec.Unread = "the payload was not read far enough to decode it"
+		return ""
+	default:
+		return "payload: malformed meta length"
+	}
+	end := k + int(metaLen)
+	rec.BodyLen = payload.size - int64(end)
+	if end > len(payload.value) {
+		rec.Unread = "the headers were not read whole: inspect shows them"
+		return ""
+	}
+	if problem := decodeMeta(rec, payload.value[k:end]); problem != "" {
+		return problem
+	}
+	rec.Body = []byte(payload.value[end:min(len(payload.value), end+max(bodyLimit, 0))])
+	return ""
+}
+
+// decodeMeta sets rec's status and headers from a meta block, or returns
+// why it cannot be read.
+func decodeMeta(rec *record, meta string) string {
+	resp, err := wire.Decode(meta, "")
+	if err != nil {
+		return err.Error()
+	}
+	if resp.BodyOmitted && rec.BodyLen > 0 {
+		return "body present but marked omitted"
+	}
+	rec.Status, rec.Header, rec.BodyOmitted = resp.Status, resp.Header, resp.BodyOmitted
+	return ""
+}
+
+// decodePrevious fills rec from a record of the previous layout, or
+// returns why acquire.lua would report it as corrupt.
+func decodePrevious(rec *record, raw *rawRecord, bodyLimit int) string {
+	get := func(name string) (string, bool) {
+		f, ok := raw.field(name)
+		return f.value, ok
+	}
+	state, _ := get("state")
+	token, hasToken := get("token")
+	fp, hasFP := get("fp")
+	epochText, _ := get("epoch")
+	leaseText, _ := get("lease")
+	_, rec.Watched = get("watched")
+	rec.Token, rec.Fingerprint = token, []byte(fp)
+	epoch, epochOK := parseEpoch(epochText)
+	rec.Epoch = epoch
+	switch {
+	case state != stateInProgress && state != stateComplete:
+		return "field state holds an unknown value " + strconv.Quote(state)
+	case !hasFP:
+		return "field fp is missing"
+	case !epochOK:
+		return "field epoch is missing or not a positive integer of at most 15 digits"
+	}
+	if state == stateInProgress {
+		end, ok := parseLease(leaseText)
+		switch {
+		case !hasToken:
+			return "field token is missing"
+		case !ok:
+			return "field lease is missing or malformed"
+		}
+		rec.LeaseEnd = end
+		left := end.Sub(raw.now)
+		rec.LeaseLeft = &left
+		rec.State = stateInProgress
+		return ""
+	}
+	meta, hasMeta := raw.field("meta")
+	body, hasBody := raw.field("body")
+	switch {
+	case !hasMeta:
+		return "field meta is missing"
+	case !hasBody:
+		return "field body is missing"
+	}
+	rec.State, rec.BodyLen = stateComplete, body.size
+	if !meta.whole() {
+		rec.Unread = "the headers were not read whole: inspect shows them"
+		return ""
+	}
+	if problem := decodeMeta(rec, meta.value); problem != "" {
+		return problem
+	}
+	rec.Body = []byte(body.value[:min(len(body.value), max(bodyLimit, 0))])
+	return ""
+}
+
+// uvarintPrefix decodes the uvarint at the start of s and returns its
+// length in bytes (0 when s holds no whole, valid one) and its value.
+func uvarintPrefix(s string) (int, uint64) {
+	v, k := binary.Uvarint([]byte(s[:min(len(s), binary.MaxVarintLen64)]))
+	if k <= 0 {
+		return 0, 0
+	}
+	return k, v
+}
+
+// parseEpoch parses an epoch: 1 to 15 decimal digits, no leading zero.
+func parseEpoch(v string) (int64, bool) {
+	if !digits(v, 15) {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, err == nil
+}
+
+// parseOffset parses a head's offset: "0", or 1 to 15 decimal digits
+// without a leading zero.
+func parseOffset(v string) (int64, bool) {
+	if v == "0" {
+		return 0, true
+	}
+	return parseEpoch(v)
+}
+
+// digits reports whether v is 1 to n decimal digits without a leading
+// zero.
+func digits(v string, n int) bool {
+	if v == "" || len(v) > n || v[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseLease returns the end of the lease in a lease field of the previous
+// layout: Unix milliseconds, or the older "seconds:microseconds:ms".
+func parseLease(v string) (time.Time, bool) {
+	if digits(v, 15) {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return time.UnixMilli(n), true
+	}
+	parts := strings.Split(v, ":")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	var n [3]int64
+	for i, limit := range [3]int{12, 6, 13} {
+		p := parts[i]
+		if p == "" || len(p) > limit || strings.Trim(p, "0123456789") != "" {
+			return time.Time{}, false
+		}
+		n[i], _ = strconv.ParseInt(p, 10, 64)
+	}
+	return time.UnixMilli(n[0]*1000 + n[1]/1000 + n[2]), true
+}
