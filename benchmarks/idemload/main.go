@@ -160,7 +160,7 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		prefix := "idemload:" + hex.EncodeToString(b[:]) + ":"
-		rs := redisstore.New(client, redisstore.WithPrefix(prefix))
+		rs := redisstore.New(client, redisstore.WithPrefix(prefix), redisstore.WithoutStartupCheck())
 		defer rs.Close()
 		defer deleteKeys(client, prefix)
 		store = rs

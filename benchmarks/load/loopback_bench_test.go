@@ -14,24 +14,30 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/benchmarks/load"
 	"github.com/go-idempotency/idempotency/memstore"
+	"github.com/go-idempotency/idempotency/replaycache"
 )
 
 // BenchmarkLoopback measures whole HTTP requests over loopback (client and
 // server in this process) with a 1 KiB response body: the bare handler,
 // and the handler behind the middleware on memstore for first executions
-// (a fresh key per request) and replays (one completed key). clients=16
-// sends from 16 goroutines over kept-alive connections. Compare the rows of
-// one run: ns/op is the inverse of throughput.
+// (a fresh key per request) and replays (one completed key), and replays
+// with a replaycache in front of memstore (CachedReplay). clients=16 sends
+// from 16 goroutines over kept-alive connections. Compare the rows of one
+// run: ns/op is the inverse of throughput.
 func BenchmarkLoopback(b *testing.B) {
 	payload := load.Payload(1 << 10)
 	for _, clients := range []int{1, 16} {
-		for _, name := range []string{"Bare", "FirstExecution", "Replay"} {
+		for _, name := range []string{"Bare", "FirstExecution", "Replay", "CachedReplay"} {
 			b.Run(fmt.Sprintf("%s/clients=%d", name, clients), func(b *testing.B) {
 				h := load.Handler(payload)
 				if name != "Bare" {
 					s := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 					b.Cleanup(func() { s.Close() })
-					h = idempotency.New(s)(h)
+					var store idempotency.Store = s
+					if name == "CachedReplay" {
+						store = replaycache.New(s)
+					}
+					h = idempotency.New(store)(h)
 				}
 				srv, err := load.Serve(h)
 				if err != nil {
@@ -43,7 +49,7 @@ func BenchmarkLoopback(b *testing.B) {
 				url := srv.URL + "/payments"
 				var seq atomic.Int64
 				key := func() string { return "k" + strconv.FormatInt(seq.Add(1), 10) }
-				if name == "Replay" {
+				if name == "Replay" || name == "CachedReplay" {
 					key = func() string { return "replayed" }
 					if err := seed(client, url, "replayed"); err != nil {
 						b.Fatal(err)
@@ -125,10 +131,16 @@ func seed(c *http.Client, url, key string) error {
 // handler's for one client). An op is one request of each. It runs one
 // client only: with many, every request waits behind all the others and
 // the latencies of both kinds converge to the same queueing delay.
+//
+// CachedReplay puts a replaycache in front of memstore, and each op sends
+// a third request, a replay by the middleware on memstore alone, before or
+// after the cached one in turn: it also reports that replay's mean latency
+// and the cached replay's throughput relative to it (vs-replay), the two
+// measured side by side.
 func BenchmarkLoopbackPaired(b *testing.B) {
 	payload := load.Payload(1 << 10)
 	for _, clients := range []int{1} {
-		for _, name := range []string{"FirstExecution", "Replay"} {
+		for _, name := range []string{"FirstExecution", "Replay", "CachedReplay"} {
 			b.Run(fmt.Sprintf("%s/clients=%d", name, clients), func(b *testing.B) {
 				bare, err := load.Serve(load.Handler(payload))
 				if err != nil {
@@ -137,35 +149,61 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 				b.Cleanup(func() { bare.Close() })
 				s := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 				b.Cleanup(func() { s.Close() })
-				mw, err := load.Serve(idempotency.New(s)(load.Handler(payload)))
+				var store idempotency.Store = s
+				if name == "CachedReplay" {
+					store = replaycache.New(s)
+				}
+				mw, err := load.Serve(idempotency.New(store)(load.Handler(payload)))
 				if err != nil {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { mw.Close() })
-				client := load.NewClient(2 * clients)
+				// ref, for CachedReplay: the middleware on memstore alone,
+				// over the same records.
+				var ref *load.Server
+				if name == "CachedReplay" {
+					if ref, err = load.Serve(idempotency.New(s)(load.Handler(payload))); err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { ref.Close() })
+				}
+				client := load.NewClient(3 * clients)
 				b.Cleanup(client.CloseIdleConnections)
 				var seq atomic.Int64
 				key := func() string { return "k" + strconv.FormatInt(seq.Add(1), 10) }
-				if name == "Replay" {
+				if name != "FirstExecution" {
 					key = func() string { return "replayed" }
 					if err := seed(client, mw.URL, "replayed"); err != nil {
 						b.Fatal(err)
 					}
 				}
-				var bareNs, mwNs atomic.Int64
+				var bareNs, mwNs, refNs, turn atomic.Int64
+				// timed sends one request and adds its time to ns.
+				timed := func(url, k string, ns *atomic.Int64) error {
+					start := time.Now()
+					if err := post(client, url, k, http.StatusCreated); err != nil {
+						return err
+					}
+					ns.Add(int64(time.Since(start)))
+					return nil
+				}
 				pair := func() error {
 					k := key()
-					start := time.Now()
-					if err := post(client, bare.URL, k, http.StatusCreated); err != nil {
+					if err := timed(bare.URL, k, &bareNs); err != nil {
 						return err
 					}
-					mid := time.Now()
-					if err := post(client, mw.URL, k, http.StatusCreated); err != nil {
+					if ref == nil {
+						return timed(mw.URL, k, &mwNs)
+					}
+					first, second := mw.URL, ref.URL
+					firstNs, secondNs := &mwNs, &refNs
+					if turn.Add(1)%2 == 0 {
+						first, second, firstNs, secondNs = second, first, secondNs, firstNs
+					}
+					if err := timed(first, k, firstNs); err != nil {
 						return err
 					}
-					bareNs.Add(int64(mid.Sub(start)))
-					mwNs.Add(int64(time.Since(mid)))
-					return nil
+					return timed(second, k, secondNs)
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -190,6 +228,10 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 				b.ReportMetric(float64(bareNs.Load())/float64(b.N)/1e3, "bare-µs/req")
 				b.ReportMetric(float64(mwNs.Load())/float64(b.N)/1e3, "mw-µs/req")
 				b.ReportMetric(float64(bareNs.Load())/float64(mwNs.Load()), "throughput-ratio")
+				if ref != nil {
+					b.ReportMetric(float64(refNs.Load())/float64(b.N)/1e3, "replay-µs/req")
+					b.ReportMetric(float64(refNs.Load())/float64(mwNs.Load()), "vs-replay")
+				}
 			})
 		}
 	}

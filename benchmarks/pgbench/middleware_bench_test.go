@@ -76,9 +76,7 @@ const (
 )
 
 // replayKeys is how many COMPLETE records each replay side reads, in turn:
-// duplicates of many keys, as retries from many clients are. (A replay's
-// acquire locks the record's row, so concurrent replays of one key wait
-// for each other.)
+// duplicates of many keys, as retries from many clients are.
 const replayKeys = 256
 
 var (

@@ -21,7 +21,7 @@ func newStore(b testing.TB, client redis.UniversalClient, opts ...redisstore.Opt
 	b.Helper()
 	prefix := redistest.Prefix()
 	opts = append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)
-	s := redisstore.New(client, opts...)
+	s := redisstore.New(client, append([]redisstore.Option{redisstore.WithoutStartupCheck()}, opts...)...)
 	b.Cleanup(func() { s.Close() })
 	if c, ok := client.(*redis.Client); ok && os.Getenv(redistest.AddrEnv) != "" {
 		// A shared server: remove this store's records, and only those.

@@ -46,7 +46,7 @@ var (
 // client counts; BenchmarkLoopbackPaired runs the middleware's cases with
 // one client.
 var (
-	loopbackCases   = []string{"Bare", "FirstExecution", "Replay"}
+	loopbackCases   = []string{"Bare", "FirstExecution", "Replay", "CachedReplay"}
 	loopbackClients = []int{1, 16}
 )
 
@@ -57,6 +57,7 @@ func memstoreTargets(ms *measured) [][]string {
 		allocTarget(ms),
 		loopbackTarget(ms, "replay ≥ 0.85× the bare handler's throughput", "Replay", "dup=100", 0.85),
 		loopbackTarget(ms, "first execution ≥ 0.75×", "FirstExecution", "new=100", 0.75),
+		cachedReplayTarget(ms),
 		scaleTarget(ms),
 		memoryTarget(ms),
 	}
@@ -67,6 +68,7 @@ func memstoreBody(ms *measured, d *doc) {
 	ms.parallelSection(d)
 	ms.memorySection(d)
 	ms.loopbackSection(d)
+	ms.cachedReplaySection(d)
 }
 
 // middlewareRow is the name of a row of BenchmarkMiddleware.
