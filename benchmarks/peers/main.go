@@ -187,7 +187,9 @@ func startNetHTTP(payload []byte) (bare, mw target, err error) {
 	if bare, err = serve(func(h http.Handler) http.Handler { return h }); err != nil {
 		return
 	}
-	store := memstore.New()
+	// Bounds far above what a run stores: the defaults (256 MiB) fill up
+	// within a few seconds of first executions, and a full store answers 503.
+	store := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
 	if mw, err = serve(idempotency.New(store)); err != nil {
 		store.Close()
 		bare.close()

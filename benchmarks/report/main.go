@@ -47,6 +47,7 @@ type config struct {
 	redis    bool
 	postgres bool
 	render   bool
+	resume   bool
 }
 
 func main() {
@@ -56,6 +57,7 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", 2*time.Second, "idemload and peers: measured time per target and round")
 	flag.BoolVar(&c.quick, "quick", false, "one sample per row and shorter runs, to check the pipeline")
 	flag.BoolVar(&c.render, "render", false, "measure nothing: rewrite BENCHMARKS.md, the pages and the plot from benchmarks/results")
+	flag.BoolVar(&c.resume, "resume", false, "take the go test steps from their output in benchmarks/results (of a run that stopped after them) and measure the rest")
 	flag.Parse()
 	if c.quick {
 		c.count, c.rounds, c.duration = 1, 1, time.Second
@@ -116,7 +118,12 @@ func run(c config) error {
 	if err := os.MkdirAll(resDir, 0o755); err != nil {
 		return err
 	}
-	res, err := runSteps(c, root)
+	var res map[string]*results
+	if c.resume {
+		res, err = readSteps(c, resDir)
+	} else {
+		res, err = runSteps(c, root)
+	}
 	if err != nil {
 		return err
 	}

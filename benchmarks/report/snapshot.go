@@ -103,10 +103,21 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 			ms.scripts.rows = append(ms.scripts.rows, scriptCost{name: r.Name, calls: r.Calls, commands: r.Commands, usec: r.Usec})
 		}
 	}
+	if ms.res, err = readSteps(c, resDir); err != nil {
+		return nil, err
+	}
+	return ms, nil
+}
+
+// readSteps parses the output of the go test steps kept in resDir, by step
+// name. A step with no output there is left out: it was added after these
+// results were measured.
+func readSteps(c config, resDir string) (map[string]*results, error) {
+	res := map[string]*results{}
 	for _, st := range steps(c) {
 		f, err := os.Open(filepath.Join(resDir, st.name+".txt"))
 		if errors.Is(err, fs.ErrNotExist) {
-			continue // a step added after these results were measured
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -114,9 +125,9 @@ func loadMeasured(c config, resDir string) (*measured, error) {
 		r := newResults()
 		r.parse(f)
 		f.Close()
-		ms.res[st.name] = r
+		res[st.name] = r
 	}
-	return ms, nil
+	return res, nil
 }
 
 // of returns the results of step s, or nil when it was not run.
