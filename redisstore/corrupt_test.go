@@ -67,6 +67,9 @@ func TestCorruptRecords(t *testing.T) {
 		"payload with a truncated meta block": func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), string(rune(len(validMeta)-3))+validMeta[:len(validMeta)-3])
 		},
+		"payload whose meta length overflows 64 bits": func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), strings.Repeat("\xff", 9)+"\x7f"+validMeta)
+		},
 		"empty payload": func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "")
 		},

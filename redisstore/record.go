@@ -64,31 +64,14 @@ func appendPayload(b []byte, resp *idempotency.Response) ([]byte, error) {
 	return append(b, body...), nil
 }
 
-// splitPayload returns the meta block and the body of a payload.
+// splitPayload returns the meta block and the body of a payload. The
+// uvarint is read from a copy of the payload's first bytes only (at most
+// binary.MaxVarintLen64), never of the body.
 func splitPayload(p string) (meta, body string, err error) {
-	n, k := uvarint(p)
+	n, k := binary.Uvarint([]byte(p[:min(len(p), binary.MaxVarintLen64)]))
 	if k <= 0 || n > uint64(len(p)-k) {
 		return "", "", errors.New("payload: malformed meta length")
 	}
 	end := k + int(n)
 	return p[k:end], p[end:], nil
-}
-
-// uvarint decodes a uvarint at the start of s, as binary.Uvarint does for
-// a byte slice, without copying s.
-func uvarint(s string) (uint64, int) {
-	var x uint64
-	var shift uint
-	for i := 0; i < len(s) && i < binary.MaxVarintLen64; i++ {
-		c := s[i]
-		if c < 0x80 {
-			if i == binary.MaxVarintLen64-1 && c > 1 {
-				return 0, -(i + 1) // overflow
-			}
-			return x | uint64(c)<<shift, i + 1
-		}
-		x |= uint64(c&0x7f) << shift
-		shift += 7
-	}
-	return 0, 0
 }

@@ -68,10 +68,7 @@ func runKey(_ context.Context, c *cli, cmd *command, args []string) int {
 		Table: tb.name, SQL: fmt.Sprintf("SELECT * FROM %s WHERE key = '%s';", tb.quoted, key),
 	}
 	if *asJSON {
-		if err := writeJSON(c.stdout, out); err != nil {
-			return c.fail(cmd, err)
-		}
-		return exitOK
+		return c.printJSON(cmd, out)
 	}
 	fmt.Fprintf(c.stdout, "scope          %s\n", strconvQuote(out.Scope))
 	fmt.Fprintf(c.stdout, "key            %s\n", strconvQuote(out.Key))
@@ -141,10 +138,7 @@ func runInspect(ctx context.Context, c *cli, cmd *command, args []string) int {
 		return exitNotFound
 	}
 	if *asJSON {
-		if err := writeJSON(c.stdout, rec.json()); err != nil {
-			return c.fail(cmd, err)
-		}
-		return exitOK
+		return c.printJSON(cmd, rec.json())
 	}
 	rec.writeText(c.stdout)
 	return exitOK
@@ -246,10 +240,7 @@ func runRemove(ctx context.Context, c *cli, cmd *command, args []string) int {
 			Action string     `json:"action"`
 			Record recordJSON `json:"record"`
 		}{verb, rec.json()}
-		if err := writeJSON(c.stdout, out); err != nil {
-			return c.fail(cmd, err)
-		}
-		return exitOK
+		return c.printJSON(cmd, out)
 	}
 	what := rec.State
 	if rec.Epoch > 0 {
@@ -593,10 +584,7 @@ func runStats(ctx context.Context, c *cli, cmd *command, args []string) int {
 		return c.fail(cmd, err)
 	}
 	if *asJSON {
-		if err := writeJSON(c.stdout, res); err != nil {
-			return c.fail(cmd, err)
-		}
-		return exitOK
+		return c.printJSON(cmd, res)
 	}
 	res.writeText(c.stdout)
 	return exitOK

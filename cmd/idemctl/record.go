@@ -113,6 +113,15 @@ func (r *record) json() recordJSON {
 	return j
 }
 
+// printJSON writes v to stdout as JSON, and returns exitOK, or cmd's
+// failure when it cannot.
+func (c *cli) printJSON(cmd *command, v any) int {
+	if err := writeJSON(c.stdout, v); err != nil {
+		return c.fail(cmd, err)
+	}
+	return exitOK
+}
+
 // writeJSON writes v as one line of JSON.
 func writeJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
