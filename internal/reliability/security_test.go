@@ -186,6 +186,10 @@ func TestLogsAndEventsCarryNoClientBytes(t *testing.T) {
 	store.pause()
 	<-held
 	store.wake()
+	// The client hears before the record is written, so the held request's
+	// outcome (lease lost) is reported after its answer arrived: Close
+	// waits for the server's handlers to return.
+	srv.Close()
 	// A store error at acquire: a store whose Acquire fails.
 	failing := idempotency.New(&unreachableStore{}, idempotency.WithLogger(slog.New(captureHandler{mu: &mu, out: &logs})), idempotency.WithObserver(ev.observe))
 	srv2, client2 := serve(t, failing(h))
