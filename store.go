@@ -144,6 +144,11 @@ type AcquireRequest struct {
 	// TTL bounds how long an IN_PROGRESS record is kept: it is purged only
 	// once both TTL and lease have passed.
 	TTL time.Duration
+	// WantExpiresIn asks for Acquisition.ExpiresIn on a Completed answer.
+	// A store may tell it unasked; one that pays for it (redisstore: a PTTL
+	// in the replay's script) tells it only when asked. The middleware does
+	// not ask; a cache in front of the store (package replaycache) does.
+	WantExpiresIn bool
 }
 
 // Outcome is what Store.Acquire found.
@@ -189,10 +194,11 @@ type Acquisition struct {
 	LeaseRemaining time.Duration
 	// Response is the stored payload, for Completed. Callers must not modify it.
 	Response *Response
-	// ExpiresIn is the time left before the record expires, for Completed,
-	// as the store's clock counts it when it answers (at least 1ms). Zero
-	// means the store does not tell; a cache in front of the store (see
-	// package replaycache) then keeps nothing.
+	// ExpiresIn is the time left before the record expires, for Completed
+	// when AcquireRequest.WantExpiresIn asked for it, as the store's clock
+	// counts it when it answers (at least 1ms). Zero means the store does
+	// not tell; a cache in front of the store (see package replaycache)
+	// then keeps nothing.
 	ExpiresIn time.Duration
 }
 

@@ -28,8 +28,9 @@
 // lease ends offset ms before that, so PTTL less the offset is the lease
 // left, on the server's clock. Extending the lease rewrites the offset and
 // pushes the expiry out when the new lease ends later. A complete record's
-// key gets PEXPIRE ttl, its only deadline, and a replay reports its PTTL as
-// Acquisition.ExpiresIn (0, unknown, for a key made persistent by hand). So
+// key gets PEXPIRE ttl, its only deadline, and a replay asked for it
+// (AcquireRequest.WantExpiresIn) reports its PTTL as Acquisition.ExpiresIn
+// (0, unknown, for a key made persistent by hand). So
 // Redis itself purges records. A replay reads only the payload field its
 // own fingerprint names. Records of the previous layout (fields state,
 // token, fp, epoch, lease, meta, body, watched) are still read during a
@@ -51,7 +52,8 @@
 // a code, which the header names by its Go constant in scripts.go. Leases
 // are judged on the server's clock (the key's expiry), so application
 // clocks do not matter. A replay costs one round trip (the acquire reply
-// carries the payload) and two commands inside the script (HGET, PTTL); a
+// carries the payload) and one command inside the script (HGET; a PTTL too
+// when the caller asks for the record's time left); a
 // first execution two round trips (acquire, complete).
 //
 // Every script gives the same answer when run again with the same

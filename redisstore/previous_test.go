@@ -200,6 +200,12 @@ func TestPreviousLayout(t *testing.T) {
 		key, rkey := complete()
 		was := c.HGetAll(ctx, rkey).Val()
 		a := mustAcquire(t, s, req(key, "dup"), idempotency.Completed)
+		if !reflect.DeepEqual(a.Response, sampleResponse()) || a.ExpiresIn != 0 {
+			t.Errorf("replayed %+v, ExpiresIn %v; want %+v, 0 (not asked for)", a.Response, a.ExpiresIn, sampleResponse())
+		}
+		r := req(key, "dup")
+		r.WantExpiresIn = true
+		a = mustAcquire(t, s, r, idempotency.Completed)
 		if !reflect.DeepEqual(a.Response, sampleResponse()) {
 			t.Errorf("replayed %+v, want %+v", a.Response, sampleResponse())
 		}

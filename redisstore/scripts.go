@@ -64,12 +64,12 @@ const replyCorrupt = -1
 const (
 	acquireAcquired  = 1 // {1, epoch}: a fresh lease at epoch 1 (or the holder's retry at epoch 1)
 	acquireStolen    = 2 // {2, epoch}: the lease had run out; a fresh lease at epoch + 1 (or the holder's retry)
-	acquireCompleted = 3 // {3, payload, pttl}: the stored payload, for replay, and the key's PTTL (-1: none)
+	acquireCompleted = 3 // {3, payload[, pttl]}: the stored payload, for replay, and, when asked for, the key's PTTL (-1: none)
 	acquireInFlight  = 4 // {4, epoch, remaining_ms}: another token's lease is live
 	acquireMismatch  = 5 // {5}: the record has another fingerprint
 
 	// acquirePreviousCompleted is acquireCompleted for a record of the
-	// previous layout: {6, meta, body, pttl}.
+	// previous layout: {6, meta, body[, pttl]}.
 	acquirePreviousCompleted = 6
 )
 

@@ -108,8 +108,9 @@ func (s *Store) check(key, token string) error {
 }
 
 // Acquire implements idempotency.Store in one round trip: a COMPLETE
-// record's payload comes back in the same reply, with the time its key has
-// left (PTTL) as ExpiresIn (0 for a key without expiry). A retry by the
+// record's payload comes back in the same reply and, when req.WantExpiresIn
+// asks for it, the time its key has left (PTTL) as ExpiresIn (0 for a key
+// without expiry, and when not asked). A retry by the
 // token that holds the record renews its lease to run req.Lease from now on
 // the server's clock when it would end sooner, even if it had run out, so a
 // retry never hands out a lease that has already run out. A value under the
@@ -127,6 +128,9 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	rkey := s.RecordKey(req.Key)
 	lease, expiry := millis(req.Lease), millis(max(req.Lease, req.TTL))
 	args := []any{payloadField(req.Fingerprint), newHead(req.Token, req.Fingerprint, expiry-lease), expiry}
+	if req.WantExpiresIn {
+		args = append(args, 1)
+	}
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		return acquireScript.Run(ctx, s.client, []string{rkey}, args...).Slice()
 	})
@@ -156,13 +160,13 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		}
 		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
 	case acquireCompleted, acquirePreviousCompleted:
+		// The payload (or, from the previous layout, meta and body), then
+		// the PTTL when it was asked for.
 		var meta, body string
-		var pttl int64
-		var ok bool
+		n := 2
 		if code == acquireCompleted {
-			payload, ok1 := strAt(reply, 1)
-			pttl, ok = intAt(reply, 2)
-			if !ok1 || !ok {
+			payload, ok := strAt(reply, 1)
+			if !ok {
 				return bad()
 			}
 			var err error
@@ -173,19 +177,28 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			var ok1, ok2 bool
 			meta, ok1 = strAt(reply, 1)
 			body, ok2 = strAt(reply, 2)
-			pttl, ok = intAt(reply, 3)
-			if !ok1 || !ok2 || !ok {
+			if !ok1 || !ok2 {
 				return bad()
 			}
+			n = 3
 		}
-		if pttl < -1 {
+		var expires time.Duration
+		if req.WantExpiresIn {
+			pttl, ok := intAt(reply, n)
+			if !ok || pttl < -1 {
+				return bad()
+			}
+			expires = expiresIn(pttl)
+			n++
+		}
+		if len(reply) != n {
 			return bad()
 		}
 		resp, err := wire.Decode(meta, body)
 		if err != nil {
 			return idempotency.Acquisition{}, fmt.Errorf("%w (key %s)", err, rkey)
 		}
-		return idempotency.Acquisition{Outcome: idempotency.Completed, Response: resp, ExpiresIn: expiresIn(pttl)}, nil
+		return idempotency.Acquisition{Outcome: idempotency.Completed, Response: resp, ExpiresIn: expires}, nil
 	case acquireInFlight:
 		epoch, ok1 := epochAt(reply, 1)
 		ms, ok2 := intAt(reply, 2)

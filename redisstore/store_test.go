@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,26 +256,55 @@ func TestCompleteExpiresAfterTTL(t *testing.T) {
 	}
 }
 
-// TestCompletedExpiresIn: a replay tells how long the record has left, as
-// the server counts it: more than 0, at most the TTL, shrinking as time
-// passes and following the key's expiry; a key without expiry tells 0
-// (unknown).
+// TestCompletedExpiresIn: a replay asked for it (WantExpiresIn) tells how
+// long the record has left, as the server counts it: more than 0, at most
+// the TTL, shrinking as time passes and following the key's expiry; a key
+// without expiry tells 0 (unknown). A replay not asked for it tells 0 and
+// runs no PTTL on the server.
 func TestCompletedExpiresIn(t *testing.T) {
-	c := newClient(t)
+	srv := redistest.Start(t)
+	c := clientFor(t, srv.Addr())
 	s := newStore(t, c)
 	key := randKey()
 	const ttl = time.Hour
+	asked := func(token string) idempotency.AcquireRequest {
+		r := req(key, token)
+		r.WantExpiresIn = true
+		return r
+	}
+	pttls := func() int {
+		t.Helper()
+		info, err := redistest.Do(srv.Addr(), "INFO", "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(redistest.InfoField(info, "cmdstat_pttl"), "calls="), ",")
+		n, _ := strconv.Atoi(calls) // no line: none yet
+		return n
+	}
 	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
 	if err := s.Complete(ctx, key, "t1", sampleResponse(), ttl); err != nil {
 		t.Fatal(err)
 	}
-	first := mustAcquire(t, s, req(key, "t2"), idempotency.Completed)
+	before := pttls()
+	for i := range 3 {
+		if a := mustAcquire(t, s, req(key, "u"+strconv.Itoa(i)), idempotency.Completed); a.ExpiresIn != 0 {
+			t.Fatalf("ExpiresIn = %v unasked, want 0", a.ExpiresIn)
+		}
+	}
+	if n := pttls() - before; n != 0 {
+		t.Fatalf("%d PTTL calls for 3 replays not asked for the expiry, want 0", n)
+	}
+	first := mustAcquire(t, s, asked("t2"), idempotency.Completed)
 	if first.ExpiresIn <= ttl-time.Minute || first.ExpiresIn > ttl {
 		t.Fatalf("ExpiresIn = %v, want just under the %v TTL", first.ExpiresIn, ttl)
 	}
+	if n := pttls() - before; n != 1 {
+		t.Fatalf("%d PTTL calls for a replay asked for the expiry, want 1", n)
+	}
 	var later idempotency.Acquisition
 	if !redistest.WaitFor(5*time.Second, func() bool {
-		later = mustAcquire(t, s, req(key, "t3"), idempotency.Completed)
+		later = mustAcquire(t, s, asked("t3"), idempotency.Completed)
 		return later.ExpiresIn < first.ExpiresIn
 	}) {
 		t.Fatalf("ExpiresIn stays at %v", later.ExpiresIn)
@@ -285,12 +315,12 @@ func TestCompletedExpiresIn(t *testing.T) {
 	// The key's expiry is the record's: one set by hand shows.
 	rkey := s.RecordKey(key)
 	c.PExpire(ctx, rkey, 5*time.Second)
-	if a := mustAcquire(t, s, req(key, "t4"), idempotency.Completed); a.ExpiresIn <= 4*time.Second || a.ExpiresIn > 5*time.Second {
+	if a := mustAcquire(t, s, asked("t4"), idempotency.Completed); a.ExpiresIn <= 4*time.Second || a.ExpiresIn > 5*time.Second {
 		t.Fatalf("ExpiresIn = %v after PEXPIRE 5s", a.ExpiresIn)
 	}
 	// A key made persistent by hand has no end the store can tell.
 	c.Persist(ctx, rkey)
-	if a := mustAcquire(t, s, req(key, "t5"), idempotency.Completed); a.ExpiresIn != 0 {
+	if a := mustAcquire(t, s, asked("t5"), idempotency.Completed); a.ExpiresIn != 0 {
 		t.Fatalf("ExpiresIn = %v for a key without expiry, want 0 (unknown)", a.ExpiresIn)
 	}
 }

@@ -113,6 +113,7 @@ func (c *Cache) answer(ctx context.Context, e *entry, req idempotency.AcquireReq
 // it, if any, kept or not (a response larger than the bound is not).
 func (c *Cache) callEntry(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, *entry, error) {
 	sent := c.now()
+	req.WantExpiresIn = true // an entry lives no longer than its record
 	a, err := c.store.Acquire(ctx, req)
 	c.misses.Add(1)
 	if err != nil || a.Outcome != idempotency.Completed || a.Response == nil || a.ExpiresIn <= 0 {

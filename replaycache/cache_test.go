@@ -280,3 +280,27 @@ func TestOptionsPanic(t *testing.T) {
 		}()
 	}
 }
+
+// TestAsksTheStoreForTheExpiry: the cache asks the store for the record's
+// time left (WantExpiresIn), which a store may tell only when asked, so
+// that a store such as redisstore, which tells it only then, gets its
+// records kept.
+func TestAsksTheStoreForTheExpiry(t *testing.T) {
+	t.Parallel()
+	want := response("a")
+	store := newStub(func(req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+		a := idempotency.Acquisition{Outcome: idempotency.Completed, Response: want}
+		if req.WantExpiresIn {
+			a.ExpiresIn = time.Hour
+		}
+		return a, nil
+	})
+	c := replaycache.New(store)
+	for _, token := range []string{"d0", "d1", "d2"} {
+		wantReplay(t, acquire(t, c, "k", token, "fp"), want)
+	}
+	calls := store.requests()
+	if len(calls) != 1 || !calls[0].WantExpiresIn {
+		t.Fatalf("store got %+v for 3 duplicates, want one request with WantExpiresIn", calls)
+	}
+}

@@ -21,8 +21,9 @@
 // # When an entry ends
 //
 // Only Completed answers that tell the record's expiry
-// (idempotency.Acquisition.ExpiresIn, which memstore, redisstore and pgstore
-// fill) are kept. An entry ends at the earlier of:
+// (idempotency.Acquisition.ExpiresIn, which the cache asks for with
+// AcquireRequest.WantExpiresIn, and memstore, redisstore and pgstore fill)
+// are kept. An entry ends at the earlier of:
 //
 //   - the record's expiry, counted on the local monotonic clock from when
 //     the Acquire was sent (the store read its clock after that, so the

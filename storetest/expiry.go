@@ -43,8 +43,8 @@ var ttlCases = []testCase{
 		h.wantReplay(key, "fp", sampleResponse("a"))
 	}},
 	{"ExpiresIn", func(t *testing.T, h *harness) {
-		// A replay tells the time left on the record's TTL, on the store's
-		// clock: at most the TTL, no less than what remains of it since
+		// A replay asked for it tells the time left on the record's TTL, on
+		// the store's clock: at most the TTL, no less than what remains of it since
 		// Complete was called, and less as the store's clock moves on.
 		key, owner := newKey(), newToken()
 		const ttl, pause = time.Minute, 50 * time.Millisecond
@@ -53,7 +53,9 @@ var ttlCases = []testCase{
 		h.complete(key, owner, sampleResponse("a"), ttl)
 		replay := func() time.Duration {
 			t.Helper()
-			a := h.acquireWant(req(key, newToken(), "fp", longLease, longTTL), idempotency.Completed, 0)
+			r := req(key, newToken(), "fp", longLease, longTTL)
+			r.WantExpiresIn = true
+			a := h.acquireWant(r, idempotency.Completed, 0)
 			// The store set the TTL after completing began, and answered
 			// before now.
 			since := time.Since(completing)

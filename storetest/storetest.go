@@ -15,7 +15,7 @@
 // Run checks every state and edge of the Store contract (acquire, steal,
 // complete, release, extend, purge), fencing of stale owners, TTL and lease
 // expiry (and the time left that a replay reports in
-// Acquisition.ExpiresIn), Watch notifications, retried calls (a retried
+// Acquisition.ExpiresIn when the request asks for it), Watch notifications, retried calls (a retried
 // Acquire by the holder renews its lease, even one that ran out, unless
 // another token took the record over) and races between many goroutines.
 // Each check is a named subtest, so a single one can be run with -run, for
@@ -148,6 +148,9 @@ func (h *harness) acquire(r idempotency.AcquireRequest) idempotency.Acquisition 
 	if err != nil {
 		h.t.Fatalf("Acquire(token %s, fp %q): unexpected error %v", r.Token, r.Fingerprint, err)
 	}
+	if r.WantExpiresIn && a.Outcome == idempotency.Completed && a.ExpiresIn == 0 {
+		h.t.Fatalf("Acquire completed with WantExpiresIn: ExpiresIn = 0, want the record's time left")
+	}
 	return a
 }
 
@@ -166,8 +169,9 @@ func (h *harness) want(a idempotency.Acquisition, o idempotency.Outcome, epoch u
 			h.t.Fatalf("Acquire outcome completed with a nil Response")
 		}
 		// Every Complete of the suite keeps its record for longTTL at most.
-		if a.ExpiresIn < time.Millisecond || a.ExpiresIn > longTTL {
-			h.t.Fatalf("Acquire completed ExpiresIn = %v, want in [1ms, %v]", a.ExpiresIn, longTTL)
+		// A store may tell the time left unasked; 0 says it does not.
+		if a.ExpiresIn != 0 && (a.ExpiresIn < time.Millisecond || a.ExpiresIn > longTTL) {
+			h.t.Fatalf("Acquire completed ExpiresIn = %v, want 0 or in [1ms, %v]", a.ExpiresIn, longTTL)
 		}
 	case idempotency.InFlight:
 		if a.LeaseRemaining < time.Millisecond {

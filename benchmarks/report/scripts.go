@@ -92,7 +92,13 @@ func measureScripts(ctx context.Context) (*scriptCosts, error) {
 		}},
 		{"complete, 1 KiB body, no waiter", "HGET, HSET, PEXPIRE", 3, func(i int) { check(s.Complete(ctx, keys[i], "t1", resp, 5*time.Minute)) }},
 		{"record floor: read the payload", "HMGET", 1, func(i int) { check(load.RecordReadScript.Run(ctx, c, []string{floorKey(i)}).Err()) }},
-		{"acquire, replay (1 KiB)", "HGET, PTTL", 2, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t2")); check(err) }},
+		{"acquire, replay (1 KiB)", "HGET", 1, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t2")); check(err) }},
+		{"acquire, replay asked for its expiry (replaycache's miss)", "HGET, PTTL", 2, func(i int) {
+			r := acq(keys[i], "t3")
+			r.WantExpiresIn = true
+			_, err := s.Acquire(ctx, r)
+			check(err)
+		}},
 	}
 	// The phases run interleaved, a batch of keys at a time through all of
 	// them in order: run one after another, each would meet its own share

@@ -15,8 +15,8 @@ func TestMeasureScripts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(costs.rows) != 7 {
-		t.Fatalf("%d rows, want 7: %+v", len(costs.rows), costs.rows)
+	if len(costs.rows) != 8 {
+		t.Fatalf("%d rows, want 8: %+v", len(costs.rows), costs.rows)
 	}
 	for _, r := range costs.rows {
 		t.Logf("%-38s %5.1f µs", r.name, r.usec)
