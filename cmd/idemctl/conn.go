@@ -174,6 +174,20 @@ type pgTable struct {
 	rel    string // the table's own name
 }
 
+// acquireFunction returns the quoted name of the function pgstore.Schema
+// creates beside the table: the table's name with "_acquire" appended, cut
+// to 63 bytes as PostgreSQL cuts identifiers, in the table's schema.
+func (t pgTable) acquireFunction() string {
+	name := t.rel + "_acquire"
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	if t.schema != "" {
+		return pgx.Identifier{t.schema, name}.Sanitize()
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
+
 // identifier is one part of a pgstore table name (see pgstore.WithTable).
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 

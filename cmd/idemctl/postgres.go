@@ -488,6 +488,20 @@ WHERE x.indrelid = to_regclass($1::text) AND x.indisprimary`, b.table.quoted)
 			"the primary key must be (key): acquire's INSERT ... ON CONFLICT (key) needs it")
 	}
 
+	// The acquire statement calls <table>_acquire (pgstore.Schema creates
+	// it beside the table) whenever a record must be made or changed.
+	fn := b.table.acquireFunction()
+	var found bool
+	if err := b.conn.QueryRow(ctx, `SELECT to_regproc($1::text) IS NOT NULL`, fn).Scan(&found); err != nil {
+		return err
+	}
+	if found {
+		add("acquire-function", redisstore.OK, fn, "acquire calls it when a record must be made or changed")
+	} else {
+		add("acquire-function", redisstore.Fail, fn+" missing",
+			"every new key fails without it: run pgstore.Migrate, or the SQL of pgstore.Schema in your migrations")
+	}
+
 	var index *string
 	err = b.conn.QueryRow(ctx, `
 SELECT i.relname::text FROM pg_index x

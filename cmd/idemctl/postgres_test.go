@@ -253,6 +253,7 @@ func TestPostgresCheck(t *testing.T) {
 	r := f.run(t, "check").want(t, exitOK)
 	r.contains(t, "OK    version", "OK    recovery           primary", "OK    table              idempotency_records",
 		"OK    columns            14 columns", "OK    primary-key        (key)", "OK    expires-at-index   idempotency_records_expires_at_idx",
+		`OK    acquire-function   "idempotency_records_acquire"`,
 		"OK    fsync", "OK    purge              no row past its expiry", "INFO  clock")
 	if strings.Contains(r.stdout, "\nFAIL") {
 		t.Errorf("FAIL on a fresh table:\n%s", r.stdout)
@@ -286,6 +287,10 @@ func TestPostgresCheck(t *testing.T) {
 	f.exec(t, `DROP INDEX idempotency_records_expires_at_idx`)
 	f.run(t, "check").want(t, exitOK).contains(t, "WARN  expires-at-index   missing")
 
+	// No acquire function: every new key would fail.
+	f.exec(t, `DROP FUNCTION idempotency_records_acquire`)
+	f.run(t, "check").want(t, exitFailure).contains(t, `FAIL  acquire-function   "idempotency_records_acquire" missing`)
+
 	// A table that is not there, and one that is not pgstore's.
 	f.run(t, "check", "-table", "nope").want(t, exitFailure).contains(t, "FAIL  table              nope missing", "UNSAFE")
 	f.exec(t, `CREATE TABLE other (id bigint PRIMARY KEY, state text)`)
@@ -316,6 +321,7 @@ func TestPostgresSchemaTable(t *testing.T) {
 	defer s.Close()
 	sk := complete(t, s, "", "k", jsonResponse([]byte("{}")), time.Hour)
 	idemctl(t, nil, "inspect", "-postgres", url, "-table", "billing.idem", sk).want(t, exitOK).contains(t, "billing.idem row "+sk)
-	idemctl(t, nil, "check", "-postgres", url, "-table", "billing.idem").want(t, exitOK).contains(t, "OK    expires-at-index   idem_expires_at_idx")
+	idemctl(t, nil, "check", "-postgres", url, "-table", "billing.idem").want(t, exitOK).contains(t, "OK    expires-at-index   idem_expires_at_idx",
+		`OK    acquire-function   "billing"."idem_acquire"`)
 	idemctl(t, nil, "inspect", "-postgres", url, sk).want(t, exitFailure).contains(t, "does not exist")
 }
