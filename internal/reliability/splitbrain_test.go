@@ -343,11 +343,12 @@ func runSplitBrain(t *testing.T, sc splitBrainCase) splitBrainRun {
 	}
 
 	// A completion the old master refused (a complete is refused whole
-	// once min-replicas-to-write is not met) is reported as a store error.
+	// once min-replicas-to-write is not met) is reported as a store error:
+	// the outcome of a request whose handler ran.
 	aFailed := map[string]bool{}
 	a.ev.mu.Lock()
 	for _, e := range a.ev.all {
-		if e.Kind == idempotency.EventStoreError && e.Status == 0 {
+		if e.Kind == idempotency.EventStoreError && e.Final && e.Ran {
 			aFailed[e.Key] = true
 		}
 	}
