@@ -353,7 +353,7 @@ func TestMiddlewareConcurrentClients(t *testing.T) {
 	const keys, perKey = 24, 2
 	var mu sync.Mutex
 	firstSeen := map[string]bool{}
-	arrived := map[string]int{} // requests per key that reached the server
+	arrived := map[string]int{}              // requests per key that reached the server
 	conflicted := map[string]chan struct{}{} // by storage key
 	for k := range keys {
 		conflicted[idempotency.StorageKey("", fmt.Sprintf("key-%d", k))] = make(chan struct{})
