@@ -13,7 +13,11 @@
 // execution, one for a duplicate), with the same concurrency, and the
 // flushed floor (flushfloor): the same, with the response flushed before a
 // first execution's second round trip, so that its client waits for the
-// handler plus one round trip, as the middleware's does. It prints a
+// handler plus one round trip, as the middleware's does; and the record
+// floor (recordfloor): the bare handler with the least a store keeping its
+// records in Redis hashes does (a first execution creates a hash with its
+// expiry, then stores the payload in it; a duplicate reads the payload
+// back), checking nothing. It prints a
 // progress line every second, then throughput, p50/p99 latency and the
 // middleware's ratio to each.
 //
@@ -167,7 +171,8 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 		storeName = "redis " + load.RedisVersion(ctx, client) + " at " + addr
 		targets = append(targets,
 			&target{name: "floor", handler: load.FloorHandler(client, payload)},
-			&target{name: "flushfloor", handler: load.FlushedFloorHandler(client, payload)})
+			&target{name: "flushfloor", handler: load.FlushedFloorHandler(client, payload)},
+			&target{name: "recordfloor", handler: load.RecordFloorHandler(client, prefix+"recordfloor:", payload, 10*time.Minute)})
 	}
 	// A TTL of minutes keeps what a run leaves behind short-lived.
 	mw := idempotency.New(store, idempotency.WithTTL(10*time.Minute))

@@ -72,4 +72,7 @@ func TestRedisAutoRun(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^floor +\d+`).MatchString(s) {
 		t.Errorf("no floor line:\n%s", s)
 	}
+	if !regexp.MustCompile(`(?m)^middleware .*\d+\.\d\dx recordfloor`).MatchString(s) {
+		t.Errorf("no ratio to the record floor:\n%s", s)
+	}
 }

@@ -3,6 +3,7 @@ package load_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -178,5 +179,61 @@ func TestFloorHandlerRoundTrips(t *testing.T) {
 		if got := counter.evalsha.Load(); got != want {
 			t.Errorf("%s: %d EVALSHA, want %d", kind, got, want)
 		}
+	}
+}
+
+// TestRecordFloorHandler: a first execution creates the record, answers
+// and stores the payload (two EVALSHA); a duplicate reads the stored
+// payload back in one and answers with it, without running the handler.
+func TestRecordFloorHandler(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	defer c.Close()
+	counter := &commandCounter{}
+	c.AddHook(counter)
+	payload := load.Payload(100)
+	srv, err := load.Serve(load.RecordFloorHandler(c, "test:recordfloor:", payload, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	t.Cleanup(func() { c.Del(context.Background(), "test:recordfloor:k1", "test:recordfloor:k0") })
+	post := func(key, kind string) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		req.Header.Set(load.HeaderKind, kind)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%s: status %d", kind, resp.StatusCode)
+		}
+		return string(body)
+	}
+	post("k0", "new") // loads the scripts
+	counter.evalsha.Store(0)
+	if got := post("k1", "new"); got != string(payload) {
+		t.Fatalf("new: body %q", got)
+	}
+	if n := counter.evalsha.Load(); n != 2 {
+		t.Errorf("new: %d EVALSHA, want 2", n)
+	}
+	if ttl := c.PTTL(context.Background(), "test:recordfloor:k1").Val(); ttl <= 0 || ttl > time.Minute {
+		t.Errorf("record's PTTL %v, want at most 1m", ttl)
+	}
+	if body := c.HGet(context.Background(), "test:recordfloor:k1", "body").Val(); body != string(payload) {
+		t.Fatalf("stored body %q", body)
+	}
+	post("k0", "dup") // loads the read script
+	c.HSet(context.Background(), "test:recordfloor:k1", "body", "stored")
+	counter.evalsha.Store(0)
+	if got := post("k1", "dup"); got != "stored" {
+		t.Fatalf("dup: body %q, want the stored payload", got)
+	}
+	if n := counter.evalsha.Load(); n != 1 {
+		t.Errorf("dup: %d EVALSHA, want 1", n)
 	}
 }

@@ -96,6 +96,54 @@ func floorHandler(c redis.UniversalClient, payload []byte, flush bool) http.Hand
 	})
 }
 
+// RecordFloorHandler returns the record floor over HTTP: the handler of
+// Handler with the record floor's scripts (RecordNewScript,
+// RecordDoneScript, RecordReadScript) on a hash named prefix plus the
+// request's Idempotency-Key, kept for ttl. A first execution creates the
+// record, runs the handler, flushes its response (as the middleware does
+// before it stores it) and stores the payload with a meta block of the
+// size redisstore keeps; a duplicate reads the payload back and answers
+// with it without running the handler. It checks nothing: it is the least
+// a store keeping its records in Redis hashes does, over HTTP.
+func RecordFloorHandler(c redis.UniversalClient, prefix string, payload []byte, ttl time.Duration) http.Handler {
+	next := Handler(payload)
+	ms := strconv.FormatInt(ttl.Milliseconds(), 10)
+	meta := bytes.Repeat([]byte("m"), 40)
+	ctype := []string{"application/json"}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := []string{prefix + r.Header.Get("Idempotency-Key")}
+		if r.Header.Get(HeaderKind) == "dup" {
+			_, _ = io.Copy(io.Discard, r.Body) // the middleware reads it for the fingerprint
+			v, err := RecordReadScript.Run(r.Context(), c, key).Slice()
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			body := payload
+			if len(v) == 2 {
+				if b, ok := v[1].(string); ok {
+					body = []byte(b)
+				}
+			}
+			h := w.Header()
+			h["Content-Type"] = ctype
+			h["Content-Length"] = []string{strconv.Itoa(len(body))}
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(body)
+			return
+		}
+		if err := RecordNewScript.Run(r.Context(), c, key, ms).Err(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+		_ = http.NewResponseController(w).Flush()
+		// The response is written: a failed second trip (a client cut off
+		// when a run's time is up) can change nothing in it.
+		_ = RecordDoneScript.Run(r.Context(), c, key, ms, meta, payload).Err()
+	})
+}
+
 // Server is an HTTP server on a loopback port.
 type Server struct {
 	URL string

@@ -165,7 +165,7 @@ func idemloadBody(ms *measured, d *doc) {
 		d.para("Not measured in this run.")
 		return
 	}
-	d.para("`%s` with the flags shown: an HTTP server on 127.0.0.1 with the middleware (memstore, or Redis with `-redis`), the bare handler and, for Redis, the floor (bare handler + the raw EVALSHA round trips the request needs at best) and the flushed floor (the same, with the response flushed before a first execution's second round trip, as the middleware flushes it before storing it) measured in the same run with the same clients. Progress lines are left out.", shellCommand(true, "go", "run", idemloadPkg))
+	d.para("`%s` with the flags shown: an HTTP server on 127.0.0.1 with the middleware (memstore, or Redis with `-redis`), the bare handler and, for Redis, the floor (bare handler + the raw EVALSHA round trips the request needs at best) and the flushed floor (the same, with the response flushed before a first execution's second round trip, as the middleware flushes it before storing it) and the record floor (`recordfloor`: the bare handler with the record floor's scripts on a hash per key, creating the record and then storing its payload for a first execution, reading the payload back for a duplicate, checking nothing) measured in the same run with the same clients. Progress lines are left out.", shellCommand(true, "go", "run", idemloadPkg))
 	for _, l := range ms.loads {
 		d.block("", "$ idemload "+strings.Join(l.args, " ")+"\n"+l.output)
 	}

@@ -129,10 +129,29 @@ func redisTargets(ms *measured) [][]string {
 	}
 	rows = append(rows, ms.scriptTargets()...)
 	if len(ms.loads) > 0 {
+		rows = append(rows, ms.httpRecordTargets()...)
 		rows = append(rows, ms.clientHearsTarget())
 	}
 	return append(rows, []string{"Redis round trips: replay 1, first execution 2, conflict 1",
 		"asserted per HTTP request by `TestHTTPRoundTrips` and per store call by `TestRoundTrips` (redisstore)", "**met** (tests)"})
+}
+
+// httpRecordTargets judges the one-client Redis targets at the HTTP level:
+// the middleware's time per request over loopback HTTP beside the record
+// floor's over HTTP (idemload's recordfloor target: the bare handler with
+// the record floor's scripts), in the same run, with the same client.
+func (ms *measured) httpRecordTargets() [][]string {
+	var rows [][]string
+	for _, j := range redisJudged {
+		target := fmt.Sprintf("Redis, 1 client, 1 KiB, over HTTP: %s ≤ %.2f× the record floor over HTTP (idemload's `recordfloor`)", j.what, redisLimit(1))
+		v, ok := ms.idemloadRatio(true, j.mix, 1, "recordfloor")
+		if !ok || v <= 0 {
+			rows = append(rows, []string{target, "not measured in this run", "–"})
+			continue
+		}
+		rows = append(rows, []string{target, fmt.Sprintf("%.2f× (time per request: the inverse of idemload's throughput ratio, the median of its rounds)", 1/v), verdict(1/v <= redisLimit(1))})
+	}
+	return rows
 }
 
 // redisTarget judges, for target, the middleware's case c with clients
