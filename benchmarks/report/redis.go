@@ -286,7 +286,7 @@ func (ms *measured) scriptsSection(d *doc) {
 		return
 	}
 	d.heading(2, "Server time per script")
-	d.para("Measured by the report itself (`measureScripts`), kept in `report.json`: the change in `INFO commandstats` (EVALSHA usec / calls) over %d calls of each edge, one at a time, on a private server, with the edges interleaved in batches of %d keys. This is the time redis-server spends inside the script; the floor script costs the fixed overhead of EVALSHA, and each record floor row is the least a store keeping hash records spends on the same step, checking nothing (the scripts of Record1 and Record2 above).", scriptCalls, scriptBatch)
+	d.para("Measured by the report itself (`measureScripts`), kept in `report.json`: the change in `INFO commandstats` (EVALSHA usec / calls) over %d calls of each edge, one at a time, on a private server, with the edges interleaved in batches of %d keys; each row is the median of %d such passes. This is the time redis-server spends inside the script; the floor script costs the fixed overhead of EVALSHA, and each record floor row is the least a store keeping hash records spends on the same step, checking nothing (the scripts of Record1 and Record2 above).", scriptCalls, scriptBatch, scriptPasses)
 	var rows [][]string
 	for _, s := range ms.scripts.rows {
 		rows = append(rows, []string{s.name, fmt.Sprint(s.calls), s.commands, fmt.Sprintf("%.1f", s.usec)})
