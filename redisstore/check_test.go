@@ -153,13 +153,19 @@ func TestCheckReplicatedMasterWarns(t *testing.T) {
 	}
 
 	// Set, with a single replica: a promoted master would refuse writes.
-	// The replica acknowledges every second; a lag bound of 10s keeps it
-	// in time on a loaded machine (with 1s a slow ack made the master
-	// refuse writes, FAIL, in about one run of four under -race).
+	// A lag bound of 10s keeps the replica in time on a loaded machine.
 	for _, kv := range [][2]string{{"min-replicas-to-write", "1"}, {"min-replicas-max-lag", "10"}} {
 		if _, err := redistest.Do(master.Addr(), "CONFIG", "SET", kv[0], kv[1]); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The master counts its replicas in time once it has heard from the
+	// replica since the setting (it acknowledges every second).
+	if !redistest.WaitFor(10*time.Second, func() bool {
+		info, err := redistest.Do(master.Addr(), "INFO", "replication")
+		return err == nil && redistest.InfoField(info, "min_slaves_good_slaves") == "1"
+	}) {
+		t.Fatal("the master never counted its replica in time")
 	}
 	f = wantVerdict(t, runCheck(t, s), "replication", Warn)
 	if !strings.Contains(f.Detail, "promoted master") {
