@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency/internal/pgname"
 )
 
 // DefaultTable is the table New and Migrate use without WithTable.
@@ -25,7 +27,7 @@ const (
 )
 
 // maxIdentifier is PostgreSQL's longest identifier, in bytes (NAMEDATALEN-1).
-const maxIdentifier = 63
+const maxIdentifier = pgname.MaxLen
 
 // identifierPart is one part of a table name: a letter or underscore, then
 // letters, digits and underscores.
@@ -52,25 +54,12 @@ func parseTable(name string) (table, error) {
 			return table{}, fmt.Errorf("pgstore: table name %q: %q is not an identifier of 1 to %d letters, digits and underscores", name, p, maxIdentifier)
 		}
 	}
-	// An index lives in its table's schema and is named without it; the
-	// acquire function is put in the table's schema.
-	last := parts[len(parts)-1]
-	acquire := append(parts[:len(parts)-1:len(parts)-1], truncate(last+"_acquire"))
 	return table{
 		parts:   parts,
 		quoted:  pgx.Identifier(parts).Sanitize(),
-		index:   pgx.Identifier{truncate(last + "_expires_at_idx")}.Sanitize(),
-		acquire: pgx.Identifier(acquire).Sanitize(),
+		index:   pgname.ExpiresAtIndex(parts),
+		acquire: pgname.AcquireFunction(parts),
 	}, nil
-}
-
-// truncate cuts a name to maxIdentifier bytes, as PostgreSQL itself would
-// (the names are ASCII).
-func truncate(name string) string {
-	if len(name) > maxIdentifier {
-		return name[:maxIdentifier]
-	}
-	return name
 }
 
 // mustTable is parseTable for options and Schema: a bad name is a

@@ -44,8 +44,8 @@ var ttlCases = []testCase{
 	}},
 	{"ExpiresIn", func(t *testing.T, h *harness) {
 		// A replay asked for it tells the time left on the record's TTL, on
-		// the store's clock: at most the TTL, no less than what remains of it since
-		// Complete was called, and less as the store's clock moves on.
+		// the store's clock: at most the TTL, no less than what remains of it
+		// since Complete was called, and less as the store's clock moves on.
 		key, owner := newKey(), newToken()
 		const ttl, pause = time.Minute, 50 * time.Millisecond
 		h.acquireWant(req(key, owner, "fp", longLease, longTTL), idempotency.Acquired, 1)

@@ -15,9 +15,10 @@
 // Run checks every state and edge of the Store contract (acquire, steal,
 // complete, release, extend, purge), fencing of stale owners, TTL and lease
 // expiry (and the time left that a replay reports in
-// Acquisition.ExpiresIn when the request asks for it), Watch notifications, retried calls (a retried
-// Acquire by the holder renews its lease, even one that ran out, unless
-// another token took the record over) and races between many goroutines.
+// Acquisition.ExpiresIn when the request asks for it), Watch
+// notifications, retried calls (a retried Acquire by the holder renews its
+// lease, even one that ran out, unless another token took the record over)
+// and races between many goroutines.
 // Each check is a named subtest, so a single one can be run with -run, for
 // example
 //

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/pgname"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/redisstore"
 )
@@ -175,17 +176,12 @@ type pgTable struct {
 }
 
 // acquireFunction returns the quoted name of the function pgstore.Schema
-// creates beside the table: the table's name with "_acquire" appended, cut
-// to 63 bytes as PostgreSQL cuts identifiers, in the table's schema.
+// creates beside the table.
 func (t pgTable) acquireFunction() string {
-	name := t.rel + "_acquire"
-	if len(name) > 63 {
-		name = name[:63]
-	}
 	if t.schema != "" {
-		return pgx.Identifier{t.schema, name}.Sanitize()
+		return pgname.AcquireFunction([]string{t.schema, t.rel})
 	}
-	return pgx.Identifier{name}.Sanitize()
+	return pgname.AcquireFunction([]string{t.rel})
 }
 
 // identifier is one part of a pgstore table name (see pgstore.WithTable).

@@ -543,6 +543,22 @@ func infoField(info, name string) string {
 // INFO), or "" when it is absent.
 func InfoField(info, name string) string { return infoField(info, name) }
 
+// CommandCalls returns how many times the server at addr has run command
+// (its name as INFO commandstats spells it: "pttl", "cluster|slots"),
+// calls from scripts included; 0 before the first.
+func CommandCalls(addr, command string) (int, error) {
+	info, err := Do(addr, "INFO", "commandstats")
+	if err != nil {
+		return 0, err
+	}
+	stat := infoField(info, "cmdstat_"+command) // calls=N,usec=...
+	calls, _, _ := strings.Cut(strings.TrimPrefix(stat, "calls="), ",")
+	if calls == "" {
+		return 0, nil
+	}
+	return strconv.Atoi(calls)
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) > n {
