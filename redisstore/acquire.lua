@@ -4,21 +4,18 @@
 -- KEYS[1]  record key (a hash)
 -- ARGV[1]  "c" followed by the request fingerprint: the name of the payload
 --          field of a COMPLETE record made by the same request
--- ARGV[2]  the head of a new record: "p" <tag> "1:" <offset> ":"
---          <fingerprint>, where the tag is the caller's token as heads spell
---          it, <token length> ":" <token>, and the offset is ARGV[3] less
---          the lease (so the lease, > 0 and at most 13 digits of ms, is
---          ARGV[3] less the offset)
--- ARGV[3]  key expiry of a new lease, in milliseconds: the later of the
+-- ARGV[2]  the caller's token as heads spell it: <token length> ":" <token>
+-- ARGV[3]  lease, in milliseconds (1 to 13 digits)
+-- ARGV[4]  key expiry of a new lease, in milliseconds: the later of the
 --          lease and the TTL
--- ARGV[4]  present ("1") when the caller wants a COMPLETE record's time
+-- ARGV[5]  present ("1") when the caller wants a COMPLETE record's time
 --          left (AcquireRequest.WantExpiresIn): a replay then adds its PTTL
 --
 -- Reply (always an array): a code, named by the Go constant after it (in
 -- scripts.go; TestReplyCodes checks that the two agree), then data.
 --   {1, epoch}                 acquireAcquired: no live record; fresh lease, epoch 1
 --   {2, epoch}                 acquireStolen: the lease had expired; epoch + 1
---   {3, payload[, pttl]}       acquireCompleted: the stored payload, for replay, and, with ARGV[4], the key's PTTL (-1: no expiry)
+--   {3, payload[, pttl]}       acquireCompleted: the stored payload, for replay, and, with ARGV[5], the key's PTTL (-1: no expiry)
 --   {4, epoch, remaining_ms}   acquireInFlight: another token's lease is live
 --   {5}                        acquireMismatch: another fingerprint; nothing changed
 --   {6, meta, body[, pttl]}    acquirePreviousCompleted: as 3, from a record of the previous layout
@@ -28,17 +25,17 @@
 -- The record (see README.md, Record layout) is a hash of one field while in
 -- progress, h, the head:
 --
---   <state><token length>:<token><epoch>:<offset>:<fingerprint>
+--   <state><token length>:<token><epoch>:<lease end>:<fingerprint>
 --
 -- state "p" (in progress), "P" (in progress, and a waiter watches it: its
--- complete or release publishes) or "c" (complete). The lease ends offset ms
--- before the key expires, so the key's expiry carries both the lease's end
--- and the TTL deadline: the lease has PTTL - offset left, on the server's
--- clock, and no clock read is needed to take a new key. A COMPLETE record
--- adds one field named "c" followed by its fingerprint, holding the payload
--- (the Go side's encoding of status, headers and body), so a replay is one
--- HGET of the field its own fingerprint names; its head keeps the token (for
--- a retried complete), the epoch and the last offset, which nothing reads.
+-- complete or release publishes) or "c" (complete). The lease end is a Unix
+-- time in milliseconds on the server's clock (TIME), as redis-cli's TIME and
+-- PEXPIRETIME read; the key expires at the later of the lease end and the
+-- TTL deadline. A COMPLETE record adds one field named "c" followed by its
+-- fingerprint, holding the payload (the Go side's encoding of status,
+-- headers and body), so a replay is one HGET of the field its own
+-- fingerprint names; its head keeps the token (for a retried complete), the
+-- epoch and the last lease end, which nothing reads.
 --
 -- A retried call with the token that holds the record (same fingerprint)
 -- gets {1, epoch} or {2, epoch} again, with the same epoch, and renews the
@@ -54,19 +51,17 @@
 -- OOM error, before anything is written.
 --
 -- Numbers are parsed strictly, since Lua's tonumber also accepts " 1",
--- "1.5", "1e3", "0x10", "nan" and "inf": the epoch and the offset are 1 to 15
--- decimal digits without a leading zero (the offset may be "0"), exact
--- integers as Lua numbers (doubles); the token length is 1 to 9 digits
--- without a leading zero and must fit in the head. Anything else, and an
--- in-progress key without expiry (whose lease has no end), is reported as
--- {-1, ...}. A replay reads the payload alone; the Go side decodes it
--- strictly.
+-- "1.5", "1e3", "0x10", "nan" and "inf": the epoch and the lease end are 1
+-- to 15 decimal digits without a leading zero, exact integers as Lua
+-- numbers (doubles); the token length is 1 to 9 digits without a leading
+-- zero and must fit in the head. Anything else is reported as {-1, ...}. A
+-- replay reads the payload alone; the Go side decodes it strictly.
 --
 -- Records of the previous layout (fields state, token, fp, epoch, lease,
 -- meta, body, watched) are still read, during a rolling upgrade: a replay of
 -- one answers {6, ...}, an in-progress one is judged by its lease field on
--- the server's clock (TIME) as before, and a steal rewrites it in the
--- current layout. See README.md, Upgrading.
+-- the server's clock as before, and a steal rewrites it in the current
+-- layout. See README.md, Upgrading.
 
 local key, cfp = KEYS[1], ARGV[1]
 
@@ -79,37 +74,30 @@ local key, cfp = KEYS[1], ARGV[1]
 local v = redis.pcall('HGET', key, cfp)
 if v then
   if v.err then return {-1, 'key does not hold a hash: ' .. v.err} end
-  if ARGV[4] then return {3, v, redis.call('PTTL', key)} end
+  if ARGV[5] then return {3, v, redis.call('PTTL', key)} end
   return {3, v}
 end
 
 -- Anything else: the whole record (HGET succeeded, so this is a hash or
--- nothing).
+-- nothing). A new key takes a lease ending ARGV[3] ms from the server's
+-- TIME.
 local a = redis.call('HGETALL', key)
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local tag, fp, lease_ms = ARGV[2], string.sub(cfp, 2), tonumber(ARGV[3])
 if #a == 0 then
-  redis.call('HSET', key, 'h', ARGV[2])
-  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('HSET', key, 'h', 'p' .. tag .. string.format('1:%d:', now + lease_ms) .. fp)
+  redis.call('PEXPIRE', key, ARGV[4])
   return {1, 1}
 end
 
-local fp = string.sub(cfp, 2)
-local max_epoch = 999999999999999 -- 15 digits
--- ARGV[2] is "p" <tag> "1:" <offset> ":" <fingerprint>, where the tag is
--- the caller's token as heads spell it, <length>:<token>; the lease is the
--- key expiry less the offset.
-local tn, ti = string.match(ARGV[2], '^p(%d+):()')
-local tag, token = string.sub(ARGV[2], 2, ti + tn - 1), string.sub(ARGV[2], ti, ti + tn - 1)
-local off0 = string.match(ARGV[2], '^1:(%d+):', ti + tn)
-local lease_ms = tonumber(ARGV[3]) - tonumber(off0)
-
 -- head returns the head of a lease held by this caller: state s ("p" or
--- "P": a steal keeps the watched mark), epoch e, and the lease ending off
--- ms before the key expires (ARGV[2]'s offset when off is nil).
-local function head(s, e, off)
-  local o = off0
-  if off then o = string.format('%d', off) end
-  return s .. tag .. string.format('%d', e) .. ':' .. o .. ':' .. fp
+-- "P": a steal keeps the watched mark), epoch e and lease end d.
+local function head(s, e, d)
+  return s .. tag .. string.format('%d:%d:', e, d) .. fp
 end
+
+local max_epoch = 999999999999999 -- 15 digits
 
 local h, state
 for i = 1, #a, 2 do
@@ -120,37 +108,33 @@ if h then
   local tl, ti = string.match(h, '^[cpP]([1-9]%d*):()')
   if not tl or #tl > 9 then return {-1, 'field h: malformed state or token length'} end
   local te = ti + tl -- just after the token
-  local e, d, fi = string.match(h, '^([1-9]%d*):(%d+):()', te)
-  if not e or #e > 15 or #d > 15 or (#d > 1 and string.byte(d) == 48) then
-    return {-1, 'field h: malformed epoch or offset'}
+  local e, d, fi = string.match(h, '^([1-9]%d*):([1-9]%d*):()', te)
+  if not e or #e > 15 or #d > 15 then
+    return {-1, 'field h: malformed epoch or lease end'}
   end
   local s = string.sub(h, 1, 1)
   if string.sub(h, fi) ~= fp then
     return {5}
   end
   if s == 'c' then return {-1, 'field ' .. cfp .. ' (the payload) is missing'} end
-  local epoch = tonumber(e)
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then return {-1, 'the key has no expiry, so its lease has no end'} end
-  local left = pttl - tonumber(d)
+  local epoch, left = tonumber(e), tonumber(d) - now
   if string.sub(h, 2, te - 1) == tag then
     -- A retry by the holder: the lease runs at least its length from now,
     -- and the key lives at least as long. The head first: a server at
     -- maxmemory refuses it before anything changed (PEXPIRE is not refused
     -- there).
     if left < lease_ms then
-      local off = 0
-      if pttl >= lease_ms then off = pttl - lease_ms end
-      redis.call('HSET', key, 'h', string.sub(h, 1, te - 1) .. e .. ':' .. string.format('%d', off) .. ':' .. fp)
-      if pttl < lease_ms then redis.call('PEXPIRE', key, string.format('%d', lease_ms)) end
+      redis.call('HSET', key, 'h', head(s, epoch, now + lease_ms))
+      local pttl = redis.call('PTTL', key)
+      if pttl >= 0 and pttl < lease_ms then redis.call('PEXPIRE', key, ARGV[3]) end
     end
     if epoch == 1 then return {1, epoch} end
     return {2, epoch}
   end
   if left <= 0 then
     if epoch >= max_epoch then return {-1, 'field h: the epoch is at its maximum'} end
-    redis.call('HSET', key, 'h', head(s, epoch + 1))
-    redis.call('PEXPIRE', key, ARGV[3])
+    redis.call('HSET', key, 'h', head(s, epoch + 1, now + lease_ms))
+    redis.call('PEXPIRE', key, ARGV[4])
     return {2, epoch + 1}
   end
   -- In flight: mark the record as watched, so that its complete or release
@@ -189,7 +173,7 @@ if state == 'complete' then
   if rfp ~= fp then return {5} end
   if not meta then return {-1, 'field meta is missing'} end
   if not body then return {-1, 'field body is missing'} end
-  if ARGV[4] then return {6, meta, body, redis.call('PTTL', key)} end
+  if ARGV[5] then return {6, meta, body, redis.call('PTTL', key)} end
   return {6, meta, body}
 end
 if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
@@ -215,33 +199,29 @@ end
 if not lease_at then return {-1, 'field lease is missing or malformed'} end
 
 if rfp ~= fp then return {5} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local s = 'p'
 if watched then s = 'P' end
 -- The previous layout's fields, deleted once the head is written: the head
 -- first, so that a server at maxmemory refuses the write before anything
 -- changed.
 local previous = {'state', 'token', 'fp', 'epoch', 'lease', 'watched', 'meta', 'body'}
-if holder == token then
+if holder == string.sub(tag, #string.match(tag, '^%d+:') + 1) then
   -- A retry by the holder: the record is rewritten in the current layout,
   -- with the same epoch and the lease running at least its length from now.
-  local left = math.max(lease_at - now, lease_ms)
-  local pttl = redis.call('PTTL', key)
-  local off = 0
-  if pttl >= left then off = pttl - left end
-  redis.call('HSET', key, 'h', head(s, epoch, off))
+  local d = math.max(lease_at, now + lease_ms)
+  redis.call('HSET', key, 'h', head(s, epoch, d))
   redis.call('HDEL', key, unpack(previous))
-  if pttl < left then redis.call('PEXPIRE', key, string.format('%d', left)) end
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 and pttl < d - now then redis.call('PEXPIRE', key, string.format('%d', d - now)) end
   if epoch == 1 then return {1, epoch} end
   return {2, epoch}
 end
 if now >= lease_at then
   if epoch >= max_epoch then return {-1, 'field epoch is at its maximum'} end
   -- A steal rewrites the record in the current layout.
-  redis.call('HSET', key, 'h', head(s, epoch + 1))
+  redis.call('HSET', key, 'h', head(s, epoch + 1, now + lease_ms))
   redis.call('HDEL', key, unpack(previous))
-  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('PEXPIRE', key, ARGV[4])
   return {2, epoch + 1}
 end
 if not watched then redis.pcall('HSET', key, 'watched', '1') end

@@ -38,8 +38,8 @@ if not h or string.sub(h, 2, #tok + 1) ~= tok then return {0} end
 local s = string.byte(h)
 if s == 99 then return {1} end -- "c"
 if s ~= 112 and s ~= 80 then return {-1, 'field h: unknown state'} end -- "p", "P"
-local fi = string.match(h, '^[1-9]%d*:%d+:()', #tok + 2)
-if not fi then return {-1, 'field h: malformed epoch or offset'} end
+local fi = string.match(h, '^[1-9]%d*:[1-9]%d*:()', #tok + 2)
+if not fi then return {-1, 'field h: malformed epoch or lease end'} end
 
 -- The TTL counts from now: PEXPIRE takes the caller's argument as it came.
 -- The key's expiry is a complete record's only deadline.

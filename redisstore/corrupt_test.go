@@ -37,16 +37,16 @@ func TestCorruptRecords(t *testing.T) {
 	// Records of the current layout: the head h (in progress: the record's
 	// only field), and once complete the payload under "c" + fingerprint.
 	// The in-progress ones ran out: a store trusting them would steal.
-	ranOut := "99999999999999" // offset: the lease ended long before the key expires
+	ranOut := "1" // lease end: 1 ms into 1970
 	cases := map[string]func(rkey, key string){
 		"head with an unknown state": func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "x1:t1:"+ranOut+":"+fp(key))
 		},
 		"complete head without its payload": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key))
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key))
 		},
 		"complete head with the payload under another name": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c", "\x01"+validMeta[:1]+"x")
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c", "\x01"+validMeta[:1]+"x")
 		},
 		"head cut short": func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "p1:t1:"+ranOut)
@@ -57,24 +57,22 @@ func TestCorruptRecords(t *testing.T) {
 		"head with a token longer than itself": func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "p999:t1:"+ranOut+":"+fp(key))
 		},
-		"in progress key without expiry": nil, // planted below: PERSIST
 		"payload that is not one": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "\xff\xff\xff")
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c"+fp(key), "\xff\xff\xff")
 		},
 		"payload with a meta length past its end": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "\x7f"+validMeta)
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c"+fp(key), "\x7f"+validMeta)
 		},
 		"payload with a truncated meta block": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), string(rune(len(validMeta)-3))+validMeta[:len(validMeta)-3])
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c"+fp(key), string(rune(len(validMeta)-3))+validMeta[:len(validMeta)-3])
 		},
 		"payload whose meta length overflows 64 bits": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), strings.Repeat("\xff", 9)+"\x7f"+validMeta)
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c"+fp(key), strings.Repeat("\xff", 9)+"\x7f"+validMeta)
 		},
 		"empty payload": func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "c1:t1:0:"+fp(key), "c"+fp(key), "")
+			c.HSet(ctx, rkey, "h", "c1:t1:1:"+fp(key), "c"+fp(key), "")
 		},
 	}
-	delete(cases, "in progress key without expiry")
 	for _, tl := range []string{"0", "01", "1234567890", "", "x", "-1", "+1", " 1", "1e0"} {
 		cases[fmt.Sprintf("head with token length %q", tl)] = func(rkey, key string) {
 			c.HSet(ctx, rkey, "h", "p"+tl+":t1:"+ranOut+":"+fp(key))
@@ -91,11 +89,11 @@ func TestCorruptRecords(t *testing.T) {
 			c.HSet(ctx, rkey, "h", "c1:t"+epoch+":0:"+fp(key))
 		}
 	}
-	for _, off := range []string{
-		"nan", "inf", "1e3", "0x10", " 1", "1 ", "1.5", "-1", "+1", "01", "00", "", "1000000000000000", strings.Repeat("9", 400),
+	for _, end := range []string{
+		"nan", "inf", "1e3", "0x10", " 1", "1 ", "1.5", "-1", "+1", "0", "01", "00", "", "1000000000000000", strings.Repeat("9", 400),
 	} {
-		cases[fmt.Sprintf("head with offset %q", off)] = func(rkey, key string) {
-			c.HSet(ctx, rkey, "h", "p1:t1:"+off+":"+fp(key))
+		cases[fmt.Sprintf("head with lease end %q", end)] = func(rkey, key string) {
+			c.HSet(ctx, rkey, "h", "p1:t1:"+end+":"+fp(key))
 		}
 	}
 
@@ -249,21 +247,20 @@ func TestCorruptRecords(t *testing.T) {
 	}
 
 	// An in-progress record whose key has no expiry (made persistent by
-	// hand) has no lease end: reported, and left as it is.
+	// hand) keeps its lease end in its head: judged by it, and a steal
+	// gives the key an expiry again.
 	key := randKey()
 	rkey := s.RecordKey(key)
-	c.HSet(ctx, rkey, "h", "p1:t1:0:"+fp(key))
-	before := c.HGetAll(ctx, rkey).Val()
-	for _, token := range []string{"t2", "t"} {
-		if a, err := s.Acquire(ctx, req(key, token)); !errors.Is(err, idempotency.ErrCorruptRecord) {
-			t.Errorf("Acquire(%s) of an in-progress key without expiry = %+v, %v; want ErrCorruptRecord", token, a, err)
-		}
+	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t1:%d:%s", time.Now().Add(time.Hour).UnixMilli(), fp(key)))
+	if a := mustAcquire(t, s, req(key, "t2"), idempotency.InFlight); a.LeaseRemaining < 59*time.Minute || a.LeaseRemaining > time.Hour {
+		t.Errorf("in flight on a key without expiry: %+v, want about an hour left", a)
 	}
-	if err := s.Extend(ctx, key, "t", time.Minute); !errors.Is(err, idempotency.ErrCorruptRecord) {
-		t.Errorf("Extend of an in-progress key without expiry = %v, want ErrCorruptRecord", err)
+	c.HSet(ctx, rkey, "h", "p1:t1:"+ranOut+":"+fp(key))
+	if a := mustAcquire(t, s, req(key, "t2"), idempotency.Stolen); a.Epoch != 2 {
+		t.Errorf("steal of a key without expiry: %+v, want epoch 2", a)
 	}
-	if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) || c.PTTL(ctx, rkey).Val() != -1 {
-		t.Errorf("record without expiry changed: %v -> %v, PTTL %v", before, after, c.PTTL(ctx, rkey).Val())
+	if pttl := c.PTTL(ctx, rkey).Val(); pttl <= 0 {
+		t.Errorf("stolen key without expiry: PTTL %v, want the new lease's expiry", pttl)
 	}
 
 	// Complete, Release and Extend on a foreign type refuse too.
@@ -318,12 +315,11 @@ func TestExtremeRecords(t *testing.T) {
 	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
 	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
 
-	// The same in the current layout: the epoch at its largest, and the
-	// largest offset, which puts the lease's end far before the key's
-	// expiry (run out).
+	// The same in the current layout: the epoch at its largest, with a
+	// live lease and with one that ran out in 1970.
 	key = randKey()
 	rkey = s.RecordKey(key)
-	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:0:%s", redisstore.MaxEpoch, fp(key)))
+	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:%d:%s", redisstore.MaxEpoch, time.Now().Add(time.Hour).UnixMilli(), fp(key)))
 	c.PExpire(ctx, rkey, time.Hour)
 	a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
 	if a.Epoch != redisstore.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour {
@@ -334,7 +330,7 @@ func TestExtremeRecords(t *testing.T) {
 	}
 	key = randKey()
 	rkey = s.RecordKey(key)
-	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:999999999999999:%s", redisstore.MaxEpoch, fp(key)))
+	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:1:%s", redisstore.MaxEpoch, fp(key)))
 	c.PExpire(ctx, rkey, time.Hour)
 	before = c.HGetAll(ctx, rkey).Val()
 	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {

@@ -13,21 +13,22 @@
 // key is the hex SHA-256 the middleware derives, so no client bytes reach
 // key names), with these fields:
 //
-//	h               the head: <state><token length>:<token><epoch>:<offset>:<fingerprint>,
+//	h               the head: <state><token length>:<token><epoch>:<lease end>:<fingerprint>,
 //	                state "p" (in progress), "P" (in progress, watched by a
 //	                waiter) or "c" (complete); epoch 1 for the first lease,
 //	                +1 for each steal (1 to 15 decimal digits, no leading
-//	                zero); offset the milliseconds between the lease's end
-//	                and the key's expiry (1 to 15 digits, or 0)
+//	                zero); lease end the lease's end in Unix milliseconds
+//	                on the server's clock (1 to 15 digits, no leading zero)
 //	c<fingerprint>  complete only: the payload, the meta block's length (a
 //	                uvarint), the meta block (status, flags and headers) and
 //	                the body, raw
 //
-// An in-progress record keeps its deadlines in its key's expiry: the key
-// expires at the later of its lease's end and its TTL deadline, and the
-// lease ends offset ms before that, so PTTL less the offset is the lease
-// left, on the server's clock. Extending the lease rewrites the offset and
-// pushes the expiry out when the new lease ends later. A complete record's
+// An in-progress record's key expires at the later of its lease's end and
+// its TTL deadline. Taking, stealing and extending a lease write its end as
+// the server's TIME plus the lease, and every acquire compares the end with
+// TIME, so a person reads the lease's end in redis-cli as it is (HGET key h,
+// then TIME). Extending the lease rewrites the end and pushes the key's
+// expiry out when the new lease ends later. A complete record's
 // key gets PEXPIRE ttl, its only deadline, and a replay asked for it
 // (AcquireRequest.WantExpiresIn) reports its PTTL as Acquisition.ExpiresIn
 // (0, unknown, for a key made persistent by hand). So
@@ -50,8 +51,8 @@
 // server answers NOSCRIPT, as after a restart or failover). Each script's
 // header lists its KEYS, ARGV and replies; a reply is an array opening with
 // a code, which the header names by its Go constant in scripts.go. Leases
-// are judged on the server's clock (the key's expiry), so application
-// clocks do not matter. A replay costs one round trip (the acquire reply
+// are judged on the server's clock (TIME), so application clocks do not
+// matter. A replay costs one round trip (the acquire reply
 // carries the payload) and one command inside the script (HGET; a PTTL too
 // when the caller asks for the record's time left); a
 // first execution two round trips (acquire, complete).

@@ -19,10 +19,9 @@
 --   {0}            fencedLost: the lease is lost: absent, COMPLETE or held by another token
 --   {-1, message}  replyCorrupt: the value under the key is not a record
 --
--- The lease ends offset ms before the key expires (see acquire.lua): the
--- new lease ends ARGV[2] from now, so the offset becomes PTTL - ARGV[2]
--- when the key outlives the new lease, and 0 with the key's expiry moved to
--- the lease's end when it does not.
+-- The lease end in the head (see acquire.lua) becomes the server's TIME
+-- plus ARGV[2], and the key's expiry moves to it when the key would expire
+-- sooner.
 
 local key, tok = KEYS[1], ARGV[1]
 
@@ -32,16 +31,15 @@ if h and h.err then return {-1, 'key does not hold a hash: ' .. h.err} end
 if not h or string.sub(h, 2, #tok + 1) ~= tok then return {0} end
 local s = string.sub(h, 1, 1)
 if s ~= 'p' and s ~= 'P' then return {0} end
-local e, fi = string.match(h, '^([1-9]%d*):%d+:()', #tok + 2)
-if not e then return {-1, 'field h: malformed epoch or offset'} end
+local e, fi = string.match(h, '^([1-9]%d*):[1-9]%d*:()', #tok + 2)
+if not e then return {-1, 'field h: malformed epoch or lease end'} end
 
 local lease_ms = tonumber(ARGV[2])
-local pttl = redis.call('PTTL', key)
-if pttl < 0 then return {-1, 'the key has no expiry, so its lease has no end'} end
-local off = 0
-if pttl >= lease_ms then off = pttl - lease_ms end
+local t = redis.call('TIME')
+local d = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + lease_ms
 -- The head first: a server before Redis 7 at maxmemory refuses it before
 -- anything changed (PEXPIRE is not refused there).
-redis.call('HSET', key, 'h', string.sub(h, 1, #tok + 1) .. e .. ':' .. string.format('%d', off) .. ':' .. string.sub(h, fi))
-if pttl < lease_ms then redis.call('PEXPIRE', key, ARGV[2]) end
+redis.call('HSET', key, 'h', string.sub(h, 1, #tok + 1) .. e .. ':' .. string.format('%d', d) .. ':' .. string.sub(h, fi))
+local pttl = redis.call('PTTL', key)
+if pttl >= 0 and pttl < lease_ms then redis.call('PEXPIRE', key, ARGV[2]) end
 return {1}

@@ -146,7 +146,7 @@ func TestPreviousLayout(t *testing.T) {
 			}
 			h := c.HGetAll(ctx, rkey).Val()
 			hd, err := parseHead(h["h"])
-			if len(h) != 1 || err != nil || hd != (head{'P', "thief", 4, (time.Hour - 10*time.Second).Milliseconds(), req(key, "x").Fingerprint}) {
+			if len(h) != 1 || err != nil || hd != (head{'P', "thief", 4, hd.leaseEnd, req(key, "x").Fingerprint}) {
 				t.Fatalf("stolen record %q (%+v, %v), want only the head, P, thief, epoch 4", h, hd, err)
 			}
 			wantLeaseLeft(t, c, rkey, req(key, "thief").Lease)

@@ -12,14 +12,14 @@ import (
 // A record is a hash (see README.md, Record layout). Its field h, the head,
 // is
 //
-//	<state><token length>:<token><epoch>:<offset>:<fingerprint>
+//	<state><token length>:<token><epoch>:<lease end>:<fingerprint>
 //
 // with state "p" (in progress), "P" (in progress, watched) or "c"
-// (complete), and the lease ending offset milliseconds before the key
-// expires. A COMPLETE record also holds its payload in the field named "c"
+// (complete), and the lease's end in Unix milliseconds on the server's
+// clock. A COMPLETE record also holds its payload in the field named "c"
 // followed by the fingerprint, so that a replay is one HGET of the field
 // the request's own fingerprint names. The scripts parse and write heads;
-// the Go side only builds the parts it sends.
+// the Go side only sends the parts (tokenTag, payloadField).
 
 // payloadField returns the name of the payload field of a COMPLETE record
 // made by a request with fingerprint fp.
@@ -30,22 +30,6 @@ func payloadField(fp string) string { return "c" + fp }
 // scripts compare one substring; a decimal length followed by ":" is never
 // a prefix of another, so equal tags mean equal tokens.
 func tokenTag(token string) string { return strconv.Itoa(len(token)) + ":" + token }
-
-// newHead returns the head of a new record held by token at epoch 1, for a
-// request with fingerprint fp, whose lease ends offset milliseconds before
-// its key expires.
-func newHead(token, fp string, offset int64) string {
-	b := make([]byte, 0, 1+len(token)+len(fp)+32)
-	b = append(b, 'p')
-	b = strconv.AppendInt(b, int64(len(token)), 10)
-	b = append(b, ':')
-	b = append(b, token...)
-	b = append(b, "1:"...)
-	b = strconv.AppendInt(b, offset, 10)
-	b = append(b, ':')
-	b = append(b, fp...)
-	return string(b)
-}
 
 // appendPayload appends the payload of resp to b: the length of its meta
 // block as a uvarint, the meta block (wire.AppendMeta) and the body (none

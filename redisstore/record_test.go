@@ -12,13 +12,13 @@ import (
 )
 
 // head is a record's field h, as the scripts write it:
-// <state><token length>:<token><epoch>:<offset>:<fingerprint>.
+// <state><token length>:<token><epoch>:<lease end>:<fingerprint>.
 type head struct {
-	state  byte // 'p' (in progress), 'P' (in progress, watched) or 'c' (complete)
-	token  string
-	epoch  int64
-	offset int64 // ms between the lease's end and the key's expiry
-	fp     string
+	state    byte // 'p' (in progress), 'P' (in progress, watched) or 'c' (complete)
+	token    string
+	epoch    int64
+	leaseEnd int64 // Unix milliseconds on the server's clock
+	fp       string
 }
 
 // parseHead parses a head as strictly as acquire.lua does.
@@ -29,15 +29,15 @@ func parseHead(h string) (head, error) {
 	}
 	hd.state = h[0]
 	rest := h[1:]
-	number := func(what string, max int, zero bool) (int64, error) {
+	number := func(what string, max int) (int64, error) {
 		n, r, ok := strings.Cut(rest, ":")
-		if !ok || n == "" || len(n) > max || strings.Trim(n, "0123456789") != "" || (n[0] == '0' && (!zero || len(n) > 1)) {
+		if !ok || n == "" || len(n) > max || strings.Trim(n, "0123456789") != "" || n[0] == '0' {
 			return 0, fmt.Errorf("head %q: malformed %s", h, what)
 		}
 		rest = r
 		return strconv.ParseInt(n, 10, 64)
 	}
-	tl, err := number("token length", 9, false)
+	tl, err := number("token length", 9)
 	if err != nil {
 		return hd, err
 	}
@@ -45,10 +45,10 @@ func parseHead(h string) (head, error) {
 		return hd, fmt.Errorf("head %q: token cut short", h)
 	}
 	hd.token, rest = rest[:tl], rest[tl:]
-	if hd.epoch, err = number("epoch", 15, false); err != nil {
+	if hd.epoch, err = number("epoch", 15); err != nil {
 		return hd, err
 	}
-	if hd.offset, err = number("offset", 15, true); err != nil {
+	if hd.leaseEnd, err = number("lease end", 15); err != nil {
 		return hd, err
 	}
 	hd.fp = rest
@@ -88,21 +88,25 @@ func isWatched(c redis.Cmdable, rkey string) bool {
 }
 
 // leaseLeft returns the time left on the lease of the in-progress record at
-// rkey, as the scripts judge it: the key's PTTL less the head's offset.
+// rkey, as the scripts judge it: the head's lease end less the server's
+// TIME.
 func leaseLeft(t *testing.T, c redis.Cmdable, rkey string) time.Duration {
 	t.Helper()
 	hd, err := parseHead(c.HGet(ctx, rkey, "h").Val())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pttl, err := c.PTTL(ctx, rkey).Result()
+	return time.Duration(hd.leaseEnd-serverTime(t, c).UnixMilli()) * time.Millisecond
+}
+
+// serverTime returns the Redis server's clock (TIME).
+func serverTime(t *testing.T, c redis.Cmdable) time.Time {
+	t.Helper()
+	now, err := c.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pttl < 0 {
-		t.Fatalf("record %s has no expiry (PTTL %v)", rkey, pttl)
-	}
-	return pttl - time.Duration(hd.offset)*time.Millisecond
+	return now
 }
 
 // wantLeaseLeft checks that the lease of the record at rkey has about lease
@@ -124,11 +128,11 @@ func waitLeaseExpired(t *testing.T, c redis.Cmdable, rkey string) {
 }
 
 func TestParseHead(t *testing.T) {
-	hd, err := parseHead("P2:ab17:0:\x00fp:")
-	if err != nil || hd != (head{'P', "ab", 17, 0, "\x00fp:"}) {
+	hd, err := parseHead("P2:ab17:1796120945665:\x00fp:")
+	if err != nil || hd != (head{'P', "ab", 17, 1796120945665, "\x00fp:"}) {
 		t.Fatalf("parseHead = %+v, %v", hd, err)
 	}
-	for _, h := range []string{"", "x2:ab1:0:f", "p0:1:0:f", "p2:a", "p2:ab01:0:f", "p2:ab1:01:f", "p2:ab1:x:f", "p2:ab1:0"} {
+	for _, h := range []string{"", "x2:ab1:5:f", "p0:1:5:f", "p2:a", "p2:ab01:5:f", "p2:ab1:0:f", "p2:ab1:05:f", "p2:ab1:x:f", "p2:ab1:5"} {
 		if _, err := parseHead(h); err == nil {
 			t.Errorf("parseHead(%q) succeeded", h)
 		}

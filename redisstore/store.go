@@ -127,7 +127,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	rkey := s.RecordKey(req.Key)
 	lease, expiry := millis(req.Lease), millis(max(req.Lease, req.TTL))
-	args := []any{payloadField(req.Fingerprint), newHead(req.Token, req.Fingerprint, expiry-lease), expiry}
+	args := []any{payloadField(req.Fingerprint), tokenTag(req.Token), lease, expiry}
 	if req.WantExpiresIn {
 		args = append(args, 1)
 	}

@@ -183,7 +183,7 @@ func TestHolderRetryRenews(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.HSet(ctx, rkey, "h", fmt.Sprintf("p%d:%s%d:%d:%s", len(hd.token), hd.token, 4, (tc.pttl-tc.left).Milliseconds(), hd.fp))
+			c.HSet(ctx, rkey, "h", fmt.Sprintf("p%d:%s%d:%d:%s", len(hd.token), hd.token, 4, serverTime(t, c).Add(tc.left).UnixMilli(), hd.fp))
 			c.PExpire(ctx, rkey, tc.pttl)
 			if a := mustAcquire(t, s, r, idempotency.Stolen); a.Epoch != 4 {
 				t.Errorf("holder's retry at epoch 4 answered epoch %d", a.Epoch)
@@ -352,13 +352,16 @@ func TestRecordLayout(t *testing.T) {
 	mustAcquire(t, s, r, idempotency.Acquired)
 	rkey := s.RecordKey(key)
 	h := c.HGetAll(ctx, rkey).Val()
-	offset := r.TTL - r.Lease
-	want := fmt.Sprintf("p2:t11:%d:%s", offset.Milliseconds(), r.Fingerprint)
+	hd, err := parseHead(h["h"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("p2:t11:%d:%s", hd.leaseEnd, r.Fingerprint)
 	if len(h) != 1 || h["h"] != want {
 		t.Fatalf("IN_PROGRESS record = %q, want only h = %q", h, want)
 	}
-	// The lease ends offset before the key expires: the key expires at the
-	// TTL deadline, the lease 10s from now.
+	// The head holds the lease's end, 10s from the server's TIME, in Unix
+	// milliseconds; the key expires at the TTL deadline.
 	if pttl := c.PTTL(ctx, rkey).Val(); pttl <= r.TTL-5*time.Second || pttl > r.TTL {
 		t.Errorf("IN_PROGRESS PTTL = %v, want the %v TTL", pttl, r.TTL)
 	}
@@ -390,7 +393,7 @@ func TestRecordLayout(t *testing.T) {
 }
 
 // TestRecordLayoutLeaseLongerThanTTL: when the lease outlives the TTL the
-// key expires when the lease ends, offset 0.
+// key expires when the lease ends.
 func TestRecordLayoutLeaseLongerThanTTL(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
@@ -398,10 +401,13 @@ func TestRecordLayoutLeaseLongerThanTTL(t *testing.T) {
 	r := req(key, "t1")
 	r.Lease, r.TTL = time.Hour, time.Minute
 	mustAcquire(t, s, r, idempotency.Acquired)
-	if hd, err := parseHead(c.HGet(ctx, s.RecordKey(key), "h").Val()); err != nil || hd.offset != 0 || hd.epoch != 1 || hd.token != "t1" {
-		t.Fatalf("head %+v, %v; want offset 0, epoch 1, token t1", hd, err)
+	if hd, err := parseHead(c.HGet(ctx, s.RecordKey(key), "h").Val()); err != nil || hd.epoch != 1 || hd.token != "t1" {
+		t.Fatalf("head %+v, %v; want epoch 1, token t1", hd, err)
 	}
 	wantLeaseLeft(t, c, s.RecordKey(key), time.Hour)
+	if pttl := c.PTTL(ctx, s.RecordKey(key)).Val(); pttl <= 59*time.Minute || pttl > time.Hour {
+		t.Errorf("PTTL = %v, want the hour's lease", pttl)
+	}
 }
 
 func TestBodyOmittedAndEmpty(t *testing.T) {

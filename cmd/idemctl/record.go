@@ -335,11 +335,11 @@ func (u removal) judge(r *record) error {
 //
 // The current layout has a head, field h:
 //
-//	<state><token length>:<token><epoch>:<offset>:<fingerprint>
+//	<state><token length>:<token><epoch>:<lease end>:<fingerprint>
 //
 // with state "p" (in progress), "P" (in progress, and a waiter watches it)
-// or "c" (complete); an in-progress lease ends offset milliseconds before
-// the key expires. A COMPLETE record adds the field "c" + fingerprint, its
+// or "c" (complete); the lease end is in Unix milliseconds on the server's
+// clock. A COMPLETE record adds the field "c" + fingerprint, its
 // payload: the length of the meta block as a uvarint, the meta block
 // (internal/wire) and the body.
 //
@@ -427,24 +427,21 @@ func decodeHead(rec *record, raw *rawRecord, h string, bodyLimit int) string {
 	}
 	n, _ := strconv.Atoi(tl)
 	if n > len(rest) {
-		return "field h: malformed epoch or offset"
+		return "field h: malformed epoch or lease end"
 	}
 	rec.Token, rest = rest[:n], rest[n:]
 	e, rest, ok1 := strings.Cut(rest, ":")
-	off, fp, ok2 := strings.Cut(rest, ":")
+	d, fp, ok2 := strings.Cut(rest, ":")
 	epoch, epochOK := parseEpoch(e)
-	offset, offsetOK := parseOffset(off)
-	if !ok1 || !ok2 || !epochOK || !offsetOK {
-		return "field h: malformed epoch or offset"
+	leaseEnd, endOK := parseEpoch(d) // the same grammar: 1 to 15 digits
+	if !ok1 || !ok2 || !epochOK || !endOK {
+		return "field h: malformed epoch or lease end"
 	}
 	rec.Epoch, rec.Fingerprint = epoch, []byte(fp)
 	if state != 'c' {
-		if raw.pttl < 0 {
-			return "the key has no expiry, so its lease has no end"
-		}
-		left := raw.pttl - time.Duration(offset)*time.Millisecond
+		rec.LeaseEnd = time.UnixMilli(leaseEnd)
+		left := rec.LeaseEnd.Sub(raw.now.Truncate(time.Millisecond))
 		rec.LeaseLeft = &left
-		rec.LeaseEnd = raw.now.Add(left).Truncate(time.Millisecond)
 		rec.Watched = state == 'P'
 		rec.State = stateInProgress
 		return ""
@@ -565,15 +562,6 @@ func parseEpoch(v string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	return n, err == nil
-}
-
-// parseOffset parses a head's offset: "0", or 1 to 15 decimal digits
-// without a leading zero.
-func parseOffset(v string) (int64, bool) {
-	if v == "0" {
-		return 0, true
-	}
-	return parseEpoch(v)
 }
 
 // digits reports whether v is 1 to n decimal digits without a leading

@@ -621,6 +621,11 @@ func TestRedisHeads(t *testing.T) {
 	if j.State != stateInProgress || j.Epoch != 2 || j.Token != tok || j.LeaseLeftMS == nil || *j.LeaseLeftMS < 50_000 || j.Watched {
 		t.Errorf("stolen record: %+v", j)
 	}
+	// The lease end inspect shows is the one in the head, in Unix ms.
+	h := f.client.HGet(ctx, testPrefix+sk, "h").Val()
+	if j.LeaseEnd == nil || !strings.Contains(h, fmt.Sprintf("2:%d:", j.LeaseEnd.UnixMilli())) {
+		t.Errorf("lease end %v, head %q", j.LeaseEnd, h)
+	}
 
 	// Headers larger than what list reads of a value: list counts the
 	// record without its status; inspect reads it whole.
@@ -633,23 +638,24 @@ func TestRedisHeads(t *testing.T) {
 	}
 	f.run(t, "inspect", bigKey).want(t, exitOK).contains(t, "status       201 Created", "X-Big: bbbb", "body         2 bytes")
 
-	corrupt := map[string][]any{
-		"field h: malformed state or token length": {"h", "x3:abc1:0:fp"},
-		"field h: malformed epoch or offset":       {"h", "p3:abc01:0:fp"},
-		`field "cfp" (the payload) is missing`:     {"h", "c3:abc1:0:fp"},
-		"the key has no expiry":                    {"h", "p3:abc1:0:fp"},
-		"payload: malformed meta length":           {"h", "c3:abc1:0:fp", "cfp", "\x7f"},
-		"field h is missing":                       {"other", "x"},
+	corrupt := []struct {
+		problem string
+		fields  []any
+	}{
+		{"field h: malformed state or token length", []any{"h", "x3:abc1:5:fp"}},
+		{"field h: malformed epoch or lease end", []any{"h", "p3:abc01:5:fp"}},
+		{"field h: malformed epoch or lease end", []any{"h", "p3:abc1:0:fp"}},
+		{`field "cfp" (the payload) is missing`, []any{"h", "c3:abc1:5:fp"}},
+		{"payload: malformed meta length", []any{"h", "c3:abc1:5:fp", "cfp", "\x7f"}},
+		{"field h is missing", []any{"other", "x"}},
 	}
-	for problem, fields := range corrupt {
-		k := idempotency.StorageKey("", problem)
-		if err := f.client.HSet(ctx, testPrefix+k, fields...).Err(); err != nil {
+	for i, c := range corrupt {
+		k := idempotency.StorageKey("", fmt.Sprint("corrupt-", i))
+		if err := f.client.HSet(ctx, testPrefix+k, c.fields...).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if problem != "the key has no expiry" {
-			f.client.PExpire(ctx, testPrefix+k, time.Hour)
-		}
-		f.run(t, "inspect", k).want(t, exitOK).contains(t, "state        corrupt: "+problem)
+		f.client.PExpire(ctx, testPrefix+k, time.Hour)
+		f.run(t, "inspect", k).want(t, exitOK).contains(t, "state        corrupt: "+c.problem)
 	}
 	if n := len(f.run(t, "list", "-state", "corrupt").want(t, exitOK).rows()); n != len(corrupt) {
 		t.Errorf("list -state corrupt: %d rows, want %d", n, len(corrupt))

@@ -44,7 +44,7 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 	waitUntil(t, 5*time.Second, "the genuine record", func() bool { return ev.count(idempotency.EventExecuted, "") == 1 })
 	genuine := c.HGetAll(ctx, prefix+idempotency.StorageKey("", "genuine")).Val()
 	// The current layout: the head h, "c<state><token length>:<token>
-	// <epoch>:<offset>:<fingerprint>", and the payload under "c" and the
+	// <epoch>:<lease end>:<fingerprint>", and the payload under "c" and the
 	// fingerprint: the meta block's length (a uvarint), the meta block, the
 	// body (see redisstore/README.md, Record layout).
 	head := genuine["h"]
@@ -80,8 +80,8 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		}
 		return out
 	}
-	// A head in progress, with the given epoch and offset, and no payload.
-	running := func(epoch, offset string) []any { return []any{"h", "p1:t" + epoch + ":" + offset + ":" + fp} }
+	// A head in progress, with the given epoch and lease end, and no payload.
+	running := func(epoch, end string) []any { return []any{"h", "p1:t" + epoch + ":" + end + ":" + fp} }
 	plants := map[string]func(rkey string){
 		"string":       func(rkey string) { c.Set(ctx, rkey, "not a record", 0) },
 		"list":         func(rkey string) { c.RPush(ctx, rkey, "a", "b") },
@@ -98,14 +98,15 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"missing payload":            func(rkey string) { c.HSet(ctx, rkey, with(genuine, "c"+fp, nil)...) },
 		"missing head":               func(rkey string) { c.HSet(ctx, rkey, with(genuine, "h", nil, "c"+fp, nil, "x", "1")...) },
 		"unknown state":              func(rkey string) { c.HSet(ctx, rkey, "h", "x"+head[1:]) },
-		"epoch not a number":         func(rkey string) { c.HSet(ctx, rkey, running("many", "0")...) },
-		"epoch nan":                  func(rkey string) { c.HSet(ctx, rkey, running("nan", "0")...) },
-		"epoch inf":                  func(rkey string) { c.HSet(ctx, rkey, running("inf", "0")...) },
-		"epoch 2^63":                 func(rkey string) { c.HSet(ctx, rkey, running("9223372036854775808", "0")...) },
-		"expired lease, epoch 2^63":  func(rkey string) { c.HSet(ctx, rkey, running("9223372036854775808", "99999999999999")...) },
-		"offset of 400 digits":       func(rkey string) { c.HSet(ctx, rkey, running("1", strings.Repeat("9", 400))...) },
-		"offset of 16 digits":        func(rkey string) { c.HSet(ctx, rkey, running("1", "1000000000000000")...) },
-		"token longer than the head": func(rkey string) { c.HSet(ctx, rkey, "h", "p999:t1:0:"+fp) },
+		"epoch not a number":         func(rkey string) { c.HSet(ctx, rkey, running("many", "1")...) },
+		"epoch nan":                  func(rkey string) { c.HSet(ctx, rkey, running("nan", "1")...) },
+		"epoch inf":                  func(rkey string) { c.HSet(ctx, rkey, running("inf", "1")...) },
+		"epoch 2^63":                 func(rkey string) { c.HSet(ctx, rkey, running("9223372036854775808", "99999999999999")...) },
+		"expired lease, epoch 2^63":  func(rkey string) { c.HSet(ctx, rkey, running("9223372036854775808", "1")...) },
+		"lease end of 400 digits":    func(rkey string) { c.HSet(ctx, rkey, running("1", strings.Repeat("9", 400))...) },
+		"lease end of 16 digits":     func(rkey string) { c.HSet(ctx, rkey, running("1", "1000000000000000")...) },
+		"lease end 0":                func(rkey string) { c.HSet(ctx, rkey, running("1", "0")...) },
+		"token longer than the head": func(rkey string) { c.HSet(ctx, rkey, "h", "p999:t1:1:"+fp) },
 		"previous layout, truncated meta": func(rkey string) {
 			c.HSet(ctx, rkey, with(previous, "meta", meta[:len(meta)-2])...)
 		},

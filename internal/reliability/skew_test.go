@@ -47,17 +47,15 @@ func leaseEnd(field string) (time.Time, error) {
 }
 
 // leaseScript reads the record at KEYS[1] as the server holds it: its
-// holder's token, and its lease's end in Unix milliseconds, which is the
-// key's expiry (PEXPIRETIME) less the head's offset (see
-// redisstore/README.md, Record layout). It answers nothing when there is
-// no record.
+// holder's token, and its lease's end in Unix milliseconds, from its head
+// (see redisstore/README.md, Record layout). It answers nothing when there
+// is no record.
 const leaseScript = `
 local h = redis.call('HGET', KEYS[1], 'h')
 if not h then return {} end
 local tl, ti = string.match(h, '^[pPc](%d+):()')
-local off = string.match(h, '^%d+:(%d+):', ti + tl)
-local at = redis.call('PEXPIRETIME', KEYS[1])
-return {string.sub(h, ti, ti + tl - 1), string.format('%d', at - tonumber(off))}`
+local at = string.match(h, '^%d+:(%d+):', ti + tl)
+return {string.sub(h, ti, ti + tl - 1), at}`
 
 // readLease returns the token and the lease's end, in Unix milliseconds as
 // a decimal string, of the record at rkey on the server at addr; both are
