@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"io"
 	"net/http"
 	"sync/atomic"
 )
@@ -20,27 +19,22 @@ type FingerprintFunc func(r *http.Request, body []byte) string
 // query and the body, each length-prefixed so that no two requests share an
 // input.
 func DefaultFingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
+	var fields []byte
 	for _, s := range [...]string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
-		writeField(h, s)
+		fields = appendField(fields, s)
 	}
-	writeLength(h, len(body))
+	fields = binary.BigEndian.AppendUint64(fields, uint64(len(body)))
+	h := sha256.New()
+	h.Write(fields)
 	h.Write(body)
 	return string(h.Sum(nil))
 }
 
-// writeField writes s to w after its length, so that fields cannot run into
-// each other.
-func writeField(w io.Writer, s string) {
-	writeLength(w, len(s))
-	io.WriteString(w, s)
-}
-
-// writeLength writes n to w as 8 bytes, big-endian.
-func writeLength(w io.Writer, n int) {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(n))
-	w.Write(b[:])
+// appendField appends s to b after its length (8 bytes, big-endian), so
+// that fields cannot run into each other.
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // storageKeyDomain separates storage-key hashes from any other use of SHA-256.
@@ -50,11 +44,8 @@ const storageKeyDomain = "idempotency/v1/storage-key\x00"
 // length-prefixed under a fixed domain. It is 64 bytes long whatever the
 // input and holds no client bytes, so stores can use it in key names.
 func StorageKey(scope, key string) string {
-	h := sha256.New()
-	io.WriteString(h, storageKeyDomain)
-	writeField(h, scope)
-	writeField(h, key)
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(appendField(appendField([]byte(storageKeyDomain), scope), key))
+	return hex.EncodeToString(sum[:])
 }
 
 // identity returns the storage key of (scope, key), a fresh lease token and

@@ -1,7 +1,10 @@
 package idempotency
 
 import (
+	"encoding/hex"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -106,6 +109,12 @@ func TestStorageKey(t *testing.T) {
 	if a != StorageKey("alice", "k1") {
 		t.Fatal("StorageKey is not deterministic")
 	}
+	// Records written by any version are found by every later one: the
+	// hash of "idempotency/v1/storage-key\x00" || len || scope || len || key
+	// (8-byte big-endian lengths) never changes.
+	if want := "485b591520b3540228cc1122d54554b8870df89cb5665fb6ef51270e19773462"; a != want {
+		t.Errorf("StorageKey(alice, k1) = %s, want %s as in every earlier version", a, want)
+	}
 	// Length prefixes keep (scope, key) pairs apart even when their
 	// concatenations are equal.
 	for _, other := range [][2]string{{"bob", "k1"}, {"alice", "k2"}, {"alicek", "1"}, {"", "alicek1"}} {
@@ -116,5 +125,30 @@ func TestStorageKey(t *testing.T) {
 	long := strings.Repeat("s", 4096)
 	if got := StorageKey(long, long); len(got) != 64 {
 		t.Fatalf("StorageKey of long input = %d bytes", len(got))
+	}
+}
+
+// TestDefaultFingerprint pins the fingerprint's input and value: a record
+// completed by an earlier version is replayed, not answered 422, by a later
+// one.
+func TestDefaultFingerprint(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/payments/a%20b?x=1", nil)
+	got := hex.EncodeToString([]byte(DefaultFingerprint(r, []byte("hello"))))
+	// SHA-256 of len || "POST" || len || "/payments/a%20b" || len || "x=1" ||
+	// len || "hello", with 8-byte big-endian lengths.
+	if want := "2d738954a4d52b02543ec1ce3a6629dfd994ab9512d40bfaec865eafecc2164f"; got != want {
+		t.Errorf("DefaultFingerprint = %s, want %s", got, want)
+	}
+	for _, other := range []*http.Request{
+		httptest.NewRequest(http.MethodPatch, "/payments/a%20b?x=1", nil),
+		httptest.NewRequest(http.MethodPost, "/payments/a%20b?x=2", nil),
+		httptest.NewRequest(http.MethodPost, "/payments/a%20c?x=1", nil),
+	} {
+		if DefaultFingerprint(other, []byte("hello")) == DefaultFingerprint(r, []byte("hello")) {
+			t.Errorf("%s %s has the fingerprint of POST %s", other.Method, other.URL, r.URL)
+		}
+	}
+	if DefaultFingerprint(r, []byte("hellp")) == DefaultFingerprint(r, []byte("hello")) {
+		t.Error("another body has the same fingerprint")
 	}
 }

@@ -117,7 +117,7 @@ func measureScriptsPass(ctx context.Context, c *redis.Client, prefix string) (*s
 	}{
 		{"floor (return {1})", "none", 0, func(int) { check(load.FloorScript.Run(ctx, c, []string{prefix + "floor"}).Err()) }},
 		{"record floor: create a record", "HSET, PEXPIRE", 2, func(i int) { check(load.RecordNewScript.Run(ctx, c, []string{floorKey(i)}, ttl).Err()) }},
-		{"acquire, new key", "HGET, HGETALL, HSET, PEXPIRE", 4, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
+		{"acquire, new key", "HGET, HGETALL, TIME, HSET, PEXPIRE", 5, func(i int) { _, err := s.Acquire(ctx, acq(keys[i], "t1")); check(err) }},
 		{"record floor: store a 1 KiB payload", "HSET, PEXPIRE", 2, func(i int) {
 			check(load.RecordDoneScript.Run(ctx, c, []string{floorKey(i)}, ttl, meta, resp.Body).Err())
 		}},
