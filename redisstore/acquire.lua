@@ -205,7 +205,7 @@ if watched then s = 'P' end
 -- first, so that a server at maxmemory refuses the write before anything
 -- changed.
 local previous = {'state', 'token', 'fp', 'epoch', 'lease', 'watched', 'meta', 'body'}
-if holder == string.sub(tag, #string.match(tag, '^%d+:') + 1) then
+if #holder .. ':' .. holder == tag then -- the holder's tag (see tokenTag)
   -- A retry by the holder: the record is rewritten in the current layout,
   -- with the same epoch and the lease running at least its length from now.
   local d = math.max(lease_at, now + lease_ms)

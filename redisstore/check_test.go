@@ -252,11 +252,7 @@ func TestCheckCluster(t *testing.T) {
 	slotsCalls := func() int {
 		n := 0
 		for _, node := range cl.Nodes {
-			c, err := redistest.CommandCalls(node.Addr(), "cluster|slots")
-			if err != nil {
-				t.Fatal(err)
-			}
-			n += c
+			n += redistest.CommandCalls(t, node.Addr(), "cluster|slots")
 		}
 		return n
 	}

@@ -271,14 +271,7 @@ func TestCompletedExpiresIn(t *testing.T) {
 		r.WantExpiresIn = true
 		return r
 	}
-	pttls := func() int {
-		t.Helper()
-		n, err := redistest.CommandCalls(srv.Addr(), "pttl")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	pttls := func() int { return redistest.CommandCalls(t, srv.Addr(), "pttl") }
 	mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
 	if err := s.Complete(ctx, key, "t1", sampleResponse(), ttl); err != nil {
 		t.Fatal(err)

@@ -384,14 +384,7 @@ func TestWatchPingsOnlyWhileSubscribed(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { c.Close() })
 	s := newStore(t, c)
-	pings := func() int {
-		t.Helper()
-		n, err := redistest.CommandCalls(srv.Addr(), "ping")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	pings := func() int { return redistest.CommandCalls(t, srv.Addr(), "ping") }
 	key := randKey()
 	_, stop, err := s.Watch(ctx, key)
 	if err != nil {

@@ -545,18 +545,24 @@ func InfoField(info, name string) string { return infoField(info, name) }
 
 // CommandCalls returns how many times the server at addr has run command
 // (its name as INFO commandstats spells it: "pttl", "cluster|slots"),
-// calls from scripts included; 0 before the first.
-func CommandCalls(addr, command string) (int, error) {
+// calls from scripts included; 0 before the first. It fails t when the
+// server cannot be asked.
+func CommandCalls(t testing.TB, addr, command string) int {
+	t.Helper()
 	info, err := Do(addr, "INFO", "commandstats")
 	if err != nil {
-		return 0, err
+		t.Fatal(err)
 	}
 	stat := infoField(info, "cmdstat_"+command) // calls=N,usec=...
 	calls, _, _ := strings.Cut(strings.TrimPrefix(stat, "calls="), ",")
 	if calls == "" {
-		return 0, nil
+		return 0
 	}
-	return strconv.Atoi(calls)
+	n, err := strconv.Atoi(calls)
+	if err != nil {
+		t.Fatalf("redistest: %s: %s", command, stat)
+	}
+	return n
 }
 
 func lastLines(s string, n int) string {
