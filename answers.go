@@ -25,6 +25,8 @@ var (
 		"this request needs an Idempotency-Key header", 0, EventRejected}
 	answerKeyInvalid = answer{http.StatusBadRequest, CodeKeyInvalid,
 		"", 0, EventRejected} // the detail says what is wrong with the key
+	answerScopeMissing = answer{http.StatusForbidden, CodeScopeMissing,
+		"this request has no authenticated principal to scope its Idempotency-Key to", 0, EventRejected}
 	answerBodyUnreadable = answer{http.StatusBadRequest, CodeBodyUnreadable,
 		"the request body could not be read", 0, EventRejected}
 	answerBodyTooLarge = answer{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
@@ -32,7 +34,7 @@ var (
 	answerInFlight = answer{http.StatusConflict, CodeInFlight,
 		"a request with this Idempotency-Key is still being processed; retry later", conflictRetryAfter, EventConflict}
 	answerMismatch = answer{http.StatusUnprocessableEntity, CodeFingerprintMismatch,
-		"this Idempotency-Key was used with a different request", 0, EventMismatch}
+		"this Idempotency-Key was used with a different request (another route, or another payload)", 0, EventMismatch}
 	answerStoreFull = answer{http.StatusServiceUnavailable, CodeStoreFull,
 		"the idempotency store is full; retry later", time.Second, EventStoreError}
 	answerRecordUnreadable = answer{http.StatusInternalServerError, CodeRecordUnreadable,

@@ -46,25 +46,53 @@ func Example() {
 }
 
 // With chi, each route can have its own options: here keys are required,
-// scoped to the user and kept for an hour on POST /payments.
+// scoped to the user and kept for an hour on POST /payments. The user comes
+// from authentication that runs before the middleware (authenticate, a
+// stand-in for yours), never from a header the client chooses.
 func Example_chi() {
 	store := memstore.New()
 	defer store.Close()
 
 	r := chi.NewRouter()
-	perUser := idempotency.WithKeyScope(func(r *http.Request) string { return r.Header.Get("X-User") })
+	r.Use(authenticate)
+	perUser := idempotency.WithKeyScope(userOf)
 	r.With(idempotency.New(store, perUser, idempotency.WithKeyRequired(true), idempotency.WithTTL(time.Hour))).
 		Post("/payments", func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusCreated)
 		})
 
 	req := httptest.NewRequest(http.MethodPost, "/payments", nil)
-	req.Header.Set("X-User", "alice")
+	req.Header.Set("Authorization", "Bearer alice-token")
 	rec := httptest.NewRecorder()
 	r.ServeHTTP(rec, req)
 	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
 	// Output:
 	// 400 application/problem+json
+}
+
+type userKey struct{}
+
+// authenticate stands for an application's authentication: it looks the
+// request's bearer token up, puts its user in the request's context, and
+// answers 401 to a request without a known token.
+func authenticate(next http.Handler) http.Handler {
+	tokens := map[string]string{"Bearer alice-token": "alice", "Bearer bob-token": "bob"}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, ok := tokens[r.Header.Get("Authorization")]
+		if !ok {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+	})
+}
+
+// userOf returns the user authenticate found, the scope of the request's
+// keys.
+func userOf(r *http.Request) string {
+	user, _ := r.Context().Value(userKey{}).(string)
+	return user
 }
 
 // WithObserver reports every request's outcome (and more), for counting in

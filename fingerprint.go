@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync/atomic"
 )
 
@@ -48,14 +50,48 @@ func StorageKey(scope, key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// requestDomain separates request identities from any other use of
+// SHA-256.
+const requestDomain = "idempotency/v1/request\x00"
+
+// requestIdentity is what a record's fingerprint holds for a request: the
+// SHA-256 of the route the client addressed (method and path as sent) and
+// the configured fingerprint, length-prefixed under a fixed domain. A
+// custom fingerprint thus adds to the route and never replaces it.
+func requestIdentity(method, path, fingerprint string) string {
+	b := make([]byte, 0, len(requestDomain)+3*8+len(method)+len(path)+len(fingerprint))
+	b = appendField(appendField(appendField(append(b, requestDomain...), method), path), fingerprint)
+	sum := sha256.Sum256(b)
+	return string(sum[:])
+}
+
+// addressedPath returns the path the client addressed: that of the request
+// target as it was sent (Request.RequestURI), before a router or
+// http.StripPrefix rewrote r.URL. A request made in process has no
+// RequestURI; its URL is what it addressed.
+func addressedPath(r *http.Request) string {
+	u := r.RequestURI
+	switch {
+	case u == "":
+		return r.URL.EscapedPath()
+	case u[0] == '/':
+		path, _, _ := strings.Cut(u, "?")
+		return path
+	}
+	if p, err := url.ParseRequestURI(u); err == nil { // absolute form, sent to a proxy
+		return p.EscapedPath()
+	}
+	return u
+}
+
 // identity returns the storage key of (scope, key), a fresh lease token and
-// the request's fingerprint.
+// the request's identity: its route and fingerprint (see requestIdentity).
 func (c *config) identity(r *http.Request, scope, key string, body []byte) (storageKey, token, fingerprint string) {
 	fp := c.fingerprint
 	if fp == nil {
 		fp = DefaultFingerprint
 	}
-	return StorageKey(scope, key), newToken(), fp(r, body)
+	return StorageKey(scope, key), newToken(), requestIdentity(r.Method, addressedPath(r), fp(r, body))
 }
 
 // A lease token is a random per-process prefix and a counter: unique without

@@ -28,7 +28,7 @@ func TestStoredHeaderCanonical(t *testing.T) {
 		"content-type":       {"application/json"},
 		"Cache-Control":      {"no-store"},
 	}
-	got := storedHeader(h, false)
+	got := headerPolicy{}.stored(h, nil)
 	want := http.Header{
 		"X-Request-Id":  {"a", "b"},
 		"Content-Type":  {"application/json"},
@@ -45,7 +45,7 @@ func TestStoredHeaderCanonical(t *testing.T) {
 		}
 	}
 	// Opting in stores Set-Cookie, in canonical form.
-	got = storedHeader(h, true)
+	got = headerPolicy{setCookie: true}.stored(h, nil)
 	cookies := slices.Clone(got["Set-Cookie"])
 	slices.Sort(cookies)
 	if !slices.Equal(cookies, []string{"other=secret", "sid=secret"}) || got["set-cookie"] != nil {
@@ -56,7 +56,54 @@ func TestStoredHeaderCanonical(t *testing.T) {
 	if h["x-request-id"][0] != "a" || h["X-Request-Id"][0] != "b" {
 		t.Fatal("the stored header shares values with the handler's")
 	}
-	if storedHeader(http.Header{"Date": {"x"}}, false) != nil {
+	if (headerPolicy{}).stored(http.Header{"Date": {"x"}}, nil) != nil {
 		t.Fatal("nothing to store: want nil")
+	}
+}
+
+// TestStoredHeaderBeforeAndOnly: a header that was set before the
+// middleware ran, and that the handler left as it was, is not stored; one
+// the handler changed is; WithStoredHeaders' list keeps only its names.
+func TestStoredHeaderBeforeAndOnly(t *testing.T) {
+	before := snapshotHeader(http.Header{
+		"x-request-id":                {"req-1"},
+		"Access-Control-Allow-Origin": {"https://a.example"},
+		"Content-Type":                {"text/plain"},
+	})
+	if got := before["X-Request-Id"]; len(got) != 1 || got[0] != "req-1" {
+		t.Fatalf("snapshot not canonical: %v", before)
+	}
+	h := http.Header{
+		"X-Request-Id":                {"req-1"},
+		"Access-Control-Allow-Origin": {"https://a.example"},
+		"Content-Type":                {"application/json"}, // changed by the handler
+		"Location":                    {"/payments/1"},
+	}
+	got := headerPolicy{}.stored(h, before)
+	if len(got) != 2 || got.Get("Content-Type") != "application/json" || got.Get("Location") != "/payments/1" {
+		t.Fatalf("stored %v, want the handler's Content-Type and Location", got)
+	}
+	only := headerPolicy{only: map[string]bool{"Location": true}}
+	if got := only.stored(h, before); len(got) != 1 || got.Get("Location") == "" {
+		t.Fatalf("with only Location: stored %v", got)
+	}
+	// The snapshot is a copy: the handler changing a value in place does
+	// not change it.
+	src := http.Header{"X-A": {"1"}}
+	snap := snapshotHeader(src)
+	src["X-A"][0] = "2"
+	if snap.Get("X-A") != "1" {
+		t.Fatal("the snapshot shares values with the header it copies")
+	}
+	if snapshotHeader(http.Header{}) != nil {
+		t.Fatal("snapshot of an empty header: want nil")
+	}
+}
+
+// TestHeaderSize counts every value with its name.
+func TestHeaderSize(t *testing.T) {
+	h := http.Header{"Abc": {"12", "3456"}, "X": {""}}
+	if got, want := headerSize(h), 3+2+3+4+1; got != want {
+		t.Fatalf("headerSize = %d, want %d", got, want)
 	}
 }

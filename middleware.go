@@ -58,7 +58,7 @@ type request struct {
 	sent         time.Time      // when the last Acquire was sent: the lease counts from it
 	recorder     recorder
 	key          string        // the client's key
-	headerBefore http.Header   // transactional routes: the response headers before the handler ran
+	headerBefore http.Header   // the response headers set before the handler ran (see snapshotHeader)
 	served       *http.Request // the request the handler got, once it ran
 	ran          bool          // the handler started under the lease
 }
@@ -105,6 +105,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rq.give(answerKeyInvalid.with(keyDetail(err)), err)
 		return
 	}
+	scope := ""
+	if h.cfg.keyScope != nil {
+		if scope = h.cfg.keyScope(r); scope == "" && !h.cfg.unscopedKeys {
+			rq.give(answerScopeMissing, nil)
+			return
+		}
+	}
 
 	body, err := readBody(r, h.cfg.maxRequestBody)
 	switch {
@@ -121,10 +128,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		content = *body.buf
 	}
 
-	scope := ""
-	if h.cfg.keyScope != nil {
-		scope = h.cfg.keyScope(r)
-	}
 	rq.key = key
 	storageKey, token, fingerprint := h.cfg.identity(r, scope, key, content)
 	rq.claim = AcquireRequest{
@@ -165,7 +168,7 @@ func (rq *request) serve(acq Acquisition) {
 			rq.acquireFailed(fmt.Errorf("%w: COMPLETE record without a payload", ErrCorruptRecord))
 			return
 		}
-		err := replay(rq.w, acq.Response)
+		err := replay(rq.w, acq.Response, rq.h.cfg.headers, rq.r.Method == http.MethodHead)
 		rq.outcome(rq.event(EventReplayed, acq.Response.Status, err))
 	case InFlight:
 		rq.give(answerInFlight, nil)
@@ -218,9 +221,7 @@ func (rq *request) execute(acq Acquisition) {
 			return
 		}
 	}
-	if tx != nil {
-		rq.headerBefore = rq.w.Header().Clone()
-	}
+	rq.headerBefore = snapshotHeader(rq.w.Header())
 	l, lost := rq.runHandler(acq.Epoch, tx)
 	if tx != nil {
 		rq.commitOutcome(l, lost, acq.Epoch, tx)
@@ -260,8 +261,8 @@ func (rq *request) runHandler(epoch uint64, tx Tx) (*lease, error) {
 	defer cancel(nil)
 	l := &lease{store: rq.h.store, ctx: rq.storeContext(), key: rq.claim.Key, token: rq.claim.Token, length: cfg.lease, lose: cancel}
 	l.start(rq.sent)
-	rq.recorder = recorder{w: rq.w, limit: cfg.maxResponseBody, setCookie: cfg.storeSetCookie,
-		head: rq.r.Method == http.MethodHead, whole: tx != nil}
+	rq.recorder = recorder{w: rq.w, limit: cfg.maxResponseBody, headerLimit: cfg.maxHeader,
+		policy: cfg.headers, before: rq.headerBefore, head: rq.r.Method == http.MethodHead, whole: tx != nil}
 
 	panicked := true
 	defer func() {
@@ -361,6 +362,9 @@ func (rq *request) beginTx() (Tx, bool) {
 // a problem instead of the response.
 func (rq *request) commitOutcome(l *lease, lost error, epoch uint64, tx Tx) {
 	rec := &rq.recorder
+	if !rec.wroteHeader {
+		rec.WriteHeader(http.StatusOK) // a handler that wrote nothing answers 200, as net/http has it
+	}
 	ctx, cancel := context.WithDeadline(l.ctx, l.storeDeadline())
 	defer cancel()
 	abandon := func() {

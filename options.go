@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/textproto"
 	"time"
 )
 
@@ -18,10 +19,12 @@ type config struct {
 	methods         []string
 	keyRequired     bool
 	keyScope        func(*http.Request) string
+	unscopedKeys    bool
 	fingerprint     FingerprintFunc // nil: DefaultFingerprint
 	maxRequestBody  int64
 	maxResponseBody int
-	storeSetCookie  bool
+	maxHeader       int
+	headers         headerPolicy
 	releaseStatus   func(int) bool
 	failOpen        bool
 	transaction     bool
@@ -39,6 +42,7 @@ func defaultConfig() config {
 		methods:         []string{http.MethodPost, http.MethodPatch},
 		maxRequestBody:  1 << 20,
 		maxResponseBody: 1 << 20,
+		maxHeader:       64 << 10,
 		releaseStatus:   func(status int) bool { return status >= 500 },
 		errorHandler:    WriteProblem,
 		problemTypeBase: ProblemTypeBase,
@@ -108,11 +112,17 @@ func WithKeyRequired(required bool) Option {
 }
 
 // WithKeyScope maps a request to the principal that owns its keys (a user or
-// tenant id, taken from authentication that ran before the middleware). Keys
-// of different scopes never meet.
+// tenant id, taken from authentication that ran before the middleware and
+// left it in the request's context; never from a header the client
+// chooses). Keys of different scopes never meet.
 //
-// Without it every client shares one key space: anyone who learns a key can
-// read the response stored under it.
+// A keyed request for which scope returns "" has no principal: it is
+// answered 403 (code scope_missing) and the handler does not run, rather
+// than sharing one key space with every other request without a principal
+// (WithUnscopedKeys opts in to that).
+//
+// Without WithKeyScope every client shares one key space: anyone who learns
+// a key can read the response stored under it.
 // Default: none (one shared scope).
 func WithKeyScope(scope func(*http.Request) string) Option {
 	if scope == nil {
@@ -121,7 +131,21 @@ func WithKeyScope(scope func(*http.Request) string) Option {
 	return func(c *config) { c.keyScope = scope }
 }
 
-// WithFingerprint replaces the function that identifies a request's payload.
+// WithUnscopedKeys lets keyed requests for which the WithKeyScope function
+// returns "" (anonymous ones, on a route that allows them) run in the one
+// key space they all share, where anyone who learns a key can read the
+// response stored under it. Keys of principals never meet it.
+// Default: false (such a request gets 403 scope_missing).
+func WithUnscopedKeys(allow bool) Option {
+	return func(c *config) { c.unscopedKeys = allow }
+}
+
+// WithFingerprint replaces the function that identifies a request's
+// payload. Whatever it returns, the route the client addressed (the method
+// and the path of the request as the client sent it, before a router or
+// http.StripPrefix rewrote it) is part of the record's identity as well: a
+// key sent to another route is answered 422 fingerprint_mismatch, never
+// with the other route's response.
 // Default: DefaultFingerprint (SHA-256 over method, path, query and body).
 func WithFingerprint(f FingerprintFunc) Option {
 	if f == nil {
@@ -155,11 +179,50 @@ func WithMaxResponseBody(n int64) Option {
 	return func(c *config) { c.maxResponseBody = int(n) }
 }
 
+// WithMaxResponseHeader caps the headers that are stored with a response:
+// the bytes of every value, and of its name once per value, of the headers
+// the handler set that are kept (see WithStoredHeaders). A response whose
+// headers are over the cap still reaches the first client in full; its
+// record keeps the status alone, and duplicates get the status with an
+// empty body and the headers Idempotent-Header-Omitted: true and
+// Idempotent-Body-Omitted: true. The handler never runs twice. On a
+// transactional route such a response rolls everything back, as a body
+// over WithMaxResponseBody does. A stored response is thus at most
+// WithMaxResponseHeader plus WithMaxResponseBody bytes.
+// Default: 64 KiB.
+func WithMaxResponseHeader(n int64) Option {
+	if n < 0 || n > math.MaxInt32 {
+		panic("idempotency: WithMaxResponseHeader needs a size from 0 to 2 GiB")
+	}
+	return func(c *config) { c.maxHeader = int(n) }
+}
+
+// WithStoredHeaders restricts the response headers that are stored, and so
+// replayed, to names (compared in canonical form). The other rules still
+// apply: hop-by-hop headers, Date and trailers are never stored, and
+// Set-Cookie only with WithStoreSetCookie. Headers that middleware in front
+// of this one set before it ran are never stored (unless the handler
+// changed them), whatever the list.
+// Default: every header the handler set.
+func WithStoredHeaders(names ...string) Option {
+	if len(names) == 0 {
+		panic("idempotency: WithStoredHeaders needs at least one name")
+	}
+	only := make(map[string]bool, len(names))
+	for _, n := range names {
+		if n == "" {
+			panic("idempotency: WithStoredHeaders: empty header name")
+		}
+		only[textproto.CanonicalMIMEHeaderKey(n)] = true
+	}
+	return func(c *config) { c.headers.only = only }
+}
+
 // WithStoreSetCookie stores Set-Cookie headers with the response, so that
 // replays send them too. Only turn it on for keys scoped to one principal.
 // Default: false.
 func WithStoreSetCookie(store bool) Option {
-	return func(c *config) { c.storeSetCookie = store }
+	return func(c *config) { c.headers.setCookie = store }
 }
 
 // WithReleaseStatus sets which response statuses release the key instead of

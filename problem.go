@@ -16,6 +16,7 @@ type Code string
 const (
 	CodeKeyRequired         Code = "key_required"         // 400: the route requires a key and none was sent
 	CodeKeyInvalid          Code = "key_invalid"          // 400: malformed key or several header lines
+	CodeScopeMissing        Code = "scope_missing"        // 403: WithKeyScope found no principal for a keyed request
 	CodeBodyUnreadable      Code = "body_unreadable"      // 400: the request body could not be read
 	CodeBodyTooLarge        Code = "body_too_large"       // 413: request body over the fingerprint cap
 	CodeInFlight            Code = "request_in_flight"    // 409: the original request still runs
@@ -52,6 +53,7 @@ type ErrorHandler func(w http.ResponseWriter, r *http.Request, p *Problem)
 var problemTitles = map[Code]string{
 	CodeKeyRequired:         "Idempotency-Key required",
 	CodeKeyInvalid:          "Invalid Idempotency-Key",
+	CodeScopeMissing:        "No principal for Idempotency-Key",
 	CodeBodyUnreadable:      "Request body unreadable",
 	CodeBodyTooLarge:        "Request body too large",
 	CodeInFlight:            "Request in progress",

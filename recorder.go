@@ -20,9 +20,10 @@ import (
 const holdLimit = 8 << 10
 
 // recorder is the one http.ResponseWriter wrapper of the middleware. It
-// captures what is stored: the status, the headers as they were when the
-// status was written (the snapshot rule of httptest.ResponseRecorder) and
-// the body the handler wrote, up to the store cap. Every write path goes
+// captures what is stored: the status, the headers the handler set as they
+// were when the status was written (the snapshot rule of
+// httptest.ResponseRecorder), up to the header cap, and the body the
+// handler wrote, up to the body cap. Every write path goes
 // through it: Write, WriteHeader, ReadFrom (io.Copy), Flush and Hijack;
 // Unwrap lets http.ResponseController reach the rest.
 //
@@ -34,11 +35,13 @@ const holdLimit = 8 << 10
 // length its Content-Length declares. Otherwise the record is stored with
 // its body omitted, as for a body over the cap.
 type recorder struct {
-	w         http.ResponseWriter
-	limit     int  // the store cap
-	setCookie bool // store Set-Cookie
-	head      bool // the request is a HEAD
-	whole     bool // hold the whole response until release (transactional routes)
+	w           http.ResponseWriter
+	limit       int          // the body cap
+	headerLimit int          // the header cap (see headerSize)
+	policy      headerPolicy // which headers are stored
+	before      http.Header  // the headers set before the middleware ran, which are not the handler's
+	head        bool         // the request is a HEAD
+	whole       bool         // hold the whole response until release (transactional routes)
 
 	status int
 	header http.Header // stored: as it was when the status was written
@@ -48,6 +51,7 @@ type recorder struct {
 	wroteHeader bool // the status is known
 	passing     bool // the status went to w; writes go through
 	omitted     bool // the body is over the cap
+	headerOver  bool // the stored headers are over their cap: neither they nor the body are stored
 	failed      bool // a write or flush to the client failed while the handler ran
 	hijacked    bool
 	tooLarge    bool // whole: the response went over the cap
@@ -91,7 +95,14 @@ func (rec *recorder) WriteHeader(code int) {
 	}
 	rec.wroteHeader = true
 	rec.status = code
-	rec.header = storedHeader(rec.w.Header(), rec.setCookie)
+	rec.header = rec.policy.stored(rec.w.Header(), rec.before)
+	if headerSize(rec.header) > rec.headerLimit {
+		rec.header, rec.headerOver = nil, true
+		rec.omitted = true // nothing of the body is kept either
+		if rec.whole {
+			rec.tooLarge = true
+		}
+	}
 	if code == http.StatusSwitchingProtocols {
 		rec.pass(false)
 	}
@@ -280,6 +291,9 @@ func (rec *recorder) passTrailers() {
 // response returns the stored form of what was captured: the body only when
 // it is known to be whole (see recorder).
 func (rec *recorder) response() *Response {
+	if rec.headerOver {
+		return &Response{Status: rec.status, BodyOmitted: true, HeaderOmitted: true}
+	}
 	if !rec.bodyWhole() {
 		return &Response{Status: rec.status, Header: rec.header, BodyOmitted: true}
 	}

@@ -217,6 +217,13 @@ type Response struct {
 	// store's own bound. A replay sends the status and headers with an
 	// empty body and Idempotent-Body-Omitted: true.
 	BodyOmitted bool
+	// HeaderOmitted reports that the headers were not stored either: they
+	// were over WithMaxResponseHeader, or the store had no room for them
+	// (memstore at its byte bound, Redis at maxmemory). It implies
+	// BodyOmitted, and Header is empty. A replay sends the status alone,
+	// with Idempotent-Header-Omitted: true and Idempotent-Body-Omitted:
+	// true.
+	HeaderOmitted bool
 }
 
 // Errors returned by stores and reported by the middleware.

@@ -130,6 +130,13 @@ func payHandler(t *testing.T) http.Handler {
 			w.WriteHeader(http.StatusBadGateway)
 		case "panic":
 			panic("handler bug")
+		case "bigheader":
+			w.Header().Set("X-Big", strings.Repeat("h", 2<<10))
+			w.WriteHeader(http.StatusCreated)
+			if _, err := w.Write([]byte("{}")); err == nil {
+				t.Error("a write after headers over the cap of a transactional route succeeded")
+			}
+		case "silent": // writes nothing: 200 with its headers
 		case "big":
 			w.WriteHeader(http.StatusCreated)
 			_, err := w.Write([]byte(strings.Repeat("x", 2<<10)))
@@ -185,10 +192,11 @@ func TestTransactionRollsBack(t *testing.T) {
 		{"fail", http.StatusBadGateway, "", false},
 		{"panic", 0, "", true},
 		{"big", http.StatusInternalServerError, idempotency.CodeResponseTooLarge, false},
+		{"bigheader", http.StatusInternalServerError, idempotency.CodeResponseTooLarge, false},
 	} {
 		t.Run(tc.do, func(t *testing.T) {
 			l := newLedger(t)
-			h := idempotency.New(l, idempotency.WithTransaction(true), idempotency.WithMaxResponseBody(1<<10))(payHandler(t))
+			h := idempotency.New(l, idempotency.WithTransaction(true), idempotency.WithMaxResponseBody(1<<10), idempotency.WithMaxResponseHeader(1<<10))(payHandler(t))
 			req := httptest.NewRequest(http.MethodPost, "/pay?do="+tc.do, nil)
 			req.Header.Set("Idempotency-Key", "k")
 			rec := httptest.NewRecorder()
@@ -354,4 +362,25 @@ func TestWithTransactionNeedsTxStore(t *testing.T) {
 		}
 	}()
 	idempotency.New(newMemStore(t), idempotency.WithTransaction(true))
+}
+
+// TestTransactionSilentHandler: a handler that writes nothing answers 200
+// with the headers it set, committed with its record like any response.
+func TestTransactionSilentHandler(t *testing.T) {
+	l := newLedger(t)
+	h := idempotency.New(l, idempotency.WithTransaction(true))(payHandler(t))
+	req := httptest.NewRequest(http.MethodPost, "/pay?do=silent", nil)
+	req.Header.Set("Idempotency-Key", "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || rec.Header().Get("Location") != "/payments/k" || l.count("payment-k") != 1 {
+		t.Fatalf("silent handler: %d %v, rows %d", rec.Code, rec.Header(), l.count("payment-k"))
+	}
+	req = httptest.NewRequest(http.MethodPost, "/pay?do=silent", nil)
+	req.Header.Set("Idempotency-Key", "k")
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || rec.Header().Get(idempotency.HeaderReplayed) != "true" || l.count("payment-k") != 1 {
+		t.Fatalf("duplicate of a silent handler: %d %v, rows %d", rec.Code, rec.Header(), l.count("payment-k"))
+	}
 }

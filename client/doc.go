@@ -19,7 +19,9 @@
 // caller set one, and are retried on network errors and on 409, 429, 502,
 // 503 and 504 responses, with capped exponential backoff and full jitter,
 // honouring Retry-After, within WithMaxAttempts and WithMaxElapsed and the
-// request's context. Other requests pass through untouched.
+// request's context. Other requests pass through untouched. A key the
+// caller set is not handed to another host when http.Client follows a
+// redirect there (see WithCrossHostKey and ErrCrossHostKey).
 //
 // Attempts, Replayed and Key report, for a response, how many attempts were
 // made, whether the server replayed a stored answer and which key was sent;

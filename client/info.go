@@ -17,10 +17,12 @@ const (
 // RoundTrip returns, whether with a response or an error.
 type Info struct {
 	// Key is the Idempotency-Key that every attempt carried: the caller's,
-	// or the one the Transport generated.
+	// or the one the Transport generated. For a request refused with
+	// ErrCrossHostKey it is the caller's key, which was not sent.
 	Key string
 	// Attempts is the number of attempts the Transport made, the first one
-	// included. It is 0 when the request's method is not covered.
+	// included. It is 0 when the request's method is not covered, or when
+	// RoundTrip refused to send the request (ErrCrossHostKey).
 	Attempts int
 	// Replayed reports that the final response carried
 	// Idempotent-Replayed: true: the server answered from a stored record

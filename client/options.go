@@ -16,6 +16,8 @@ type config struct {
 	maxDelay    time.Duration
 	maxAttempts int
 	maxElapsed  time.Duration
+	// crossHostKey lets a caller's key follow a redirect to another host.
+	crossHostKey bool
 }
 
 func defaultConfig() config {
@@ -88,4 +90,26 @@ func WithMaxElapsed(d time.Duration) Option {
 		panic(fmt.Sprintf("client: WithMaxElapsed(%v): need d > 0", d))
 	}
 	return func(c *config) { c.maxElapsed = d }
+}
+
+// WithCrossHostKey sets whether the caller's Idempotency-Key may follow a
+// redirect to another host. http.Client copies the first request's headers,
+// the key included, to every request it makes to follow a redirect, and strips
+// only credentials (Authorization, Cookie) on the way to another host; on a
+// server that does not scope keys to the caller, whoever presents a key may
+// read its stored response. Unless allow is true, RoundTrip therefore refuses
+// a redirected request that carries a key to a host other than the first
+// request's: it sends nothing and returns an error wrapping ErrCrossHostKey.
+// When the redirect has turned the request into a GET (301, 302 and 303 do so
+// for a POST), the key belongs to the request that was answered with the
+// redirect and means nothing to the GET: RoundTrip removes it and sends the
+// GET. Hosts are compared as host:port, case-insensitively, with the scheme's
+// default port filled in, so http://api.example.com and
+// https://api.example.com are different hosts. Redirects to the same host keep
+// the key, and a key the Transport made is never carried by a redirect (see
+// Transport). With allow true, the key goes wherever http.Client sends it.
+//
+// Default: false.
+func WithCrossHostKey(allow bool) Option {
+	return func(c *config) { c.crossHostKey = allow }
 }

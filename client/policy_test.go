@@ -126,12 +126,12 @@ func TestDefaults(t *testing.T) {
 	c := tr.cfg
 	if !c.methods["POST"] || !c.methods["PATCH"] || len(c.methods) != 2 ||
 		c.baseDelay != 100*time.Millisecond || c.maxDelay != 5*time.Second ||
-		c.maxAttempts != 5 || c.maxElapsed != 30*time.Second {
+		c.maxAttempts != 5 || c.maxElapsed != 30*time.Second || c.crossHostKey {
 		t.Errorf("defaults = %+v", c)
 	}
-	tr = NewTransport(nil, WithMaxAttempts(2), WithBackoff(time.Second, time.Second), WithMaxElapsed(time.Minute), WithMethods("PUT"))
+	tr = NewTransport(nil, WithMaxAttempts(2), WithBackoff(time.Second, time.Second), WithMaxElapsed(time.Minute), WithMethods("PUT"), WithCrossHostKey(true))
 	c = tr.cfg
-	if c.maxAttempts != 2 || c.baseDelay != time.Second || c.maxElapsed != time.Minute || !c.methods["PUT"] || c.methods["POST"] {
+	if c.maxAttempts != 2 || c.baseDelay != time.Second || c.maxElapsed != time.Minute || !c.methods["PUT"] || c.methods["POST"] || !c.crossHostKey {
 		t.Errorf("options not applied: %+v", c)
 	}
 }

@@ -41,6 +41,21 @@ const drainLimit = 64 << 10
 // When it gives up, RoundTrip returns the last response as it came, or the
 // last network error wrapped with the number of attempts.
 //
+// Redirects: http.Client builds each redirected request from the first
+// request's headers. A key the Transport made is set on its own copy, so it
+// is never carried: a redirected request that is covered gets a fresh key of
+// its own, and the first key never reaches the redirect's target. The caller's
+// key is carried, and kept on a redirect to the first request's host. On a
+// redirect to another host (host:port, compared case-insensitively, with the
+// scheme's default port), RoundTrip does not send it unless
+// WithCrossHostKey(true) allows it, since on a server that does not scope keys
+// to the caller whoever presents a key may read its stored response: when the
+// redirect has turned the request into a GET (301, 302 and 303 do so for a
+// POST), it removes the key, which belongs to the request answered with the
+// redirect, and sends the GET; otherwise it sends nothing and returns an error
+// wrapping ErrCrossHostKey that names both hosts. This holds for requests of
+// every method, covered or not.
+//
 // Version 4 UUIDs are used rather than time-ordered version 7 ones because a
 // key works like a capability on servers that do not scope keys to the
 // caller: 122 random bits reveal nothing and cannot be guessed, while a
@@ -85,6 +100,17 @@ func NewTransport(base http.RoundTripper, opts ...Option) *Transport {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req == nil {
 		return nil, errNilRequest
+	}
+	if req.Response != nil {
+		r, err := t.redirectKey(req)
+		if err != nil {
+			closeBody(req)
+			if info, _ := req.Context().Value(infoKey{}).(*Info); info != nil {
+				*info = Info{Key: req.Header.Get(HeaderKey)}
+			}
+			return nil, err
+		}
+		req = r
 	}
 	if !t.cfg.methods[req.Method] {
 		return t.base.RoundTrip(req)

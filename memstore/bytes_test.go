@@ -57,8 +57,9 @@ func TestMaxBytes(t *testing.T) {
 	// Existing records still answer.
 	wantOutcome(t, acquire(t, s, "k00", "other", "fp", time.Hour, time.Minute), idempotency.InFlight, 1)
 
-	// Live COMPLETE records are not evicted, and their status and headers
-	// are kept though they take the total over the bound.
+	// Live COMPLETE records are not evicted, and records complete at the
+	// bound without going over it: with the status alone, in the room
+	// their IN_PROGRESS records held for it.
 	done := &idempotency.Response{Status: http.StatusNoContent, Header: http.Header{"X-Id": {"1"}}}
 	for i := range 5 {
 		if err := s.Complete(ctx, key("k", i), "t", done, time.Second); err != nil {
@@ -66,9 +67,10 @@ func TestMaxBytes(t *testing.T) {
 		}
 	}
 	over := s.Bytes()
-	if over <= 10*per {
-		t.Fatalf("Bytes = %d after completing at the bound, want more than %d", over, 10*per)
+	if over != 10*per {
+		t.Fatalf("Bytes = %d after completing at the bound, want %d", over, 10*per)
 	}
+	done = &idempotency.Response{Status: http.StatusNoContent, BodyOmitted: true, HeaderOmitted: true}
 	full("with only live records")
 	// Duplicates still replay, and the total does not move.
 	for i := range 5 {
@@ -145,17 +147,19 @@ func TestCompleteOverByteBoundOmitsBody(t *testing.T) {
 		t.Fatalf("duplicate with room: %+v, want the whole response", a.Response)
 	}
 
-	// The status and headers are kept even when they alone overshoot.
+	// With no room for the headers either, the record keeps the status
+	// alone, marked, and the total stays within the bound.
 	tight, _ := newStore(t, memstore.WithMaxBytes(per))
 	wantOutcome(t, acquire(t, tight, "k00", "t", "fp", time.Hour, time.Hour), idempotency.Acquired, 1)
 	if err := tight.Complete(ctx, "k00", "t", resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if n := tight.Bytes(); n <= per {
-		t.Fatalf("Bytes = %d: the status and headers were not counted", n)
+	if n := tight.Bytes(); n != per {
+		t.Fatalf("Bytes = %d, want %d: the status alone fits in the room the record held", n, per)
 	}
-	if a := acquire(t, tight, "k00", "dup", "fp", time.Hour, time.Hour); !replays(a, omitted) {
-		t.Fatalf("duplicate with no room at all: %+v, want the status and headers", a.Response)
+	statusOnly := &idempotency.Response{Status: resp.Status, BodyOmitted: true, HeaderOmitted: true}
+	if a := acquire(t, tight, "k00", "dup", "fp", time.Hour, time.Hour); !replays(a, statusOnly) {
+		t.Fatalf("duplicate with no room at all: %+v, want the status alone, marked", a.Response)
 	}
 }
 
@@ -464,4 +468,54 @@ func TestByteBoundHoldsLargeBodies(t *testing.T) {
 	reliability.Report(t, reliability.Result{Scenario: "bad input: 300 responses of 1 MiB", Store: "memstore",
 		Operations: 2 * records, Faults: records,
 		Note: fmt.Sprintf("WithMaxBytes(8 MiB): %d bodies kept, the rest stored omitted; %.1f MiB of heap held (was 300 MiB)", stored, float64(held)/(1<<20))})
+}
+
+// TestLargeHeadersStayWithinTheBound: 300 records taken at once and then
+// completed at once, each with a 512 KiB header (a handler echoing a
+// request header), never take the byte total over the bound: those that
+// find no room keep the status alone, marked, and every record replays.
+func TestLargeHeadersStayWithinTheBound(t *testing.T) {
+	t.Parallel()
+	const (
+		records = 300
+		bound   = 8 << 20
+	)
+	s, _ := newStore(t, memstore.WithMaxBytes(bound))
+	ctx := context.Background()
+	big := strings.Repeat("x", 512<<10)
+	for i := range records {
+		wantOutcome(t, acquire(t, s, fmt.Sprint("k", i), "t", "fp", time.Hour, time.Hour), idempotency.Acquired, 1)
+	}
+	var wg sync.WaitGroup
+	for i := range records {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"X-Trace": {big}}, Body: []byte("ok")}
+			if err := s.Complete(ctx, fmt.Sprint("k", i), "t", resp, time.Hour); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := s.Bytes(); n > bound {
+		t.Fatalf("Bytes = %d (%.1f MiB) after the completions, over the bound of %d MiB", n, float64(n)/(1<<20), bound>>20)
+	}
+	whole, statusOnly := 0, 0
+	for i := range records {
+		a := acquire(t, s, fmt.Sprint("k", i), "dup", "fp", time.Hour, time.Hour)
+		switch {
+		case a.Outcome != idempotency.Completed:
+			t.Fatalf("record %d: %v, want Completed", i, a.Outcome)
+		case a.Response.HeaderOmitted && a.Response.BodyOmitted && a.Response.Header == nil:
+			statusOnly++
+		case a.Response.Header.Get("X-Trace") == big && string(a.Response.Body) == "ok":
+			whole++
+		default:
+			t.Fatalf("record %d replays neither whole nor marked: %+v", i, a.Response)
+		}
+	}
+	if whole == 0 || statusOnly == 0 || whole > bound/(512<<10) {
+		t.Fatalf("%d whole and %d status-only records under a %d MiB bound", whole, statusOnly, bound>>20)
+	}
 }

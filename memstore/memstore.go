@@ -8,9 +8,10 @@
 // in the bytes they hold (WithMaxBytes, default 256 MiB), and never evicts
 // a live record to make room: when it is full of live records, Acquire of a
 // new key returns idempotency.ErrStoreFull. Complete never fails for lack
-// of room: at the byte bound, a record keeps its status and headers and
-// omits its body, so duplicates are answered without a body, never by a
-// second execution. The bounds are global: one principal (one client or
+// of room, and never takes the store over its byte bound: at the bound, a
+// record omits its body, or keeps its status alone (its IN_PROGRESS record
+// held the room for that), so duplicates are answered by a marked replay,
+// never by a second execution. The bounds are global: one principal (one client or
 // tenant) can fill the store for everyone, with a few hundred records of
 // large bodies as easily as with a million small ones. Size the bounds for
 // the traffic, scope keys to the principal (idempotency.WithKeyScope), and
@@ -285,9 +286,11 @@ func (s *Store) acquire(sh *shard, req idempotency.AcquireRequest) (idempotency.
 // the first payload. A response with a status outside 200..599 is refused
 // with ErrInvalid.
 //
-// Complete never fails for lack of room: when the body would take the
-// store over its byte bound (WithMaxBytes), the record keeps the status
-// and headers and is marked BodyOmitted, and the body is not kept.
+// Complete never fails for lack of room, nor takes the store over its byte
+// bound (WithMaxBytes): when the body would take the total over it, the
+// record keeps the status and headers and is marked BodyOmitted; when the
+// headers would too, it keeps the status alone and is marked HeaderOmitted
+// as well, in room its IN_PROGRESS record held for that since Acquire.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -304,7 +307,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	done := payload{meta: string(block)}
-	if !resp.BodyOmitted {
+	if !resp.BodyOmitted && !resp.HeaderOmitted {
 		done.body = string(resp.Body)
 	}
 	sh := s.shard(key)
@@ -320,22 +323,30 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 	if rec.complete() {
 		return nil
 	}
-	size := done.size()
-	if !s.take(size) {
-		// The status and headers are kept even over the bound; the body
-		// is not, if there is one.
-		if done.body != "" {
-			done = payload{meta: omitBody(resp)}
-		}
-		size = done.size()
-		s.bytes.Add(size)
-	}
+	done, grown := s.fit(done, resp)
 	rec.done = done
-	rec.held += size
+	rec.held += grown
 	rec.ttlUntil = now.after(ttl)
 	sh.noteDeadline(rec.purgeAt())
 	sh.wake(key)
 	return nil
+}
+
+// fit takes room for done, the payload of resp, beyond the
+// completionReserve its record holds, and returns it with the bytes it
+// took. When the store has too little room, it returns the payload without
+// the body, or else with the status alone, which takes no more room.
+func (s *Store) fit(done payload, resp *idempotency.Response) (payload, int64) {
+	if grown := done.size() - completionReserve; s.take(grown) {
+		return done, grown
+	}
+	if done.body != "" {
+		done = payload{meta: omitBody(resp)}
+		if grown := done.size() - completionReserve; s.take(grown) {
+			return done, grown
+		}
+	}
+	return payload{meta: omitAll(resp.Status)}, 0
 }
 
 // Release implements idempotency.Store.

@@ -47,13 +47,13 @@ func WithMaxEntries(n int) Option {
 // purges expired records and, if that frees too little, returns an error
 // wrapping idempotency.ErrStoreFull; as with WithMaxEntries, no live record
 // is ever evicted. Complete never fails for lack of room, since a record
-// left IN_PROGRESS would let a duplicate run the handler again: when the
-// body would take the total over n, the record is stored with its body
-// omitted (idempotency.Response.BodyOmitted), and duplicates get the status
-// and headers with an empty body. The status and headers are kept even
-// when they take the total over n, so the total can overshoot n by the
-// size of the status and headers of the responses completed at the bound,
-// and by the longer lease tokens of steals.
+// left IN_PROGRESS would let a duplicate run the handler again, and never
+// takes the total over n: when the body would, the record is stored with
+// its body omitted (idempotency.Response.BodyOmitted), and duplicates get
+// the status and headers with an empty body; when the headers would too,
+// the record keeps the status alone (HeaderOmitted), in a few bytes every
+// IN_PROGRESS record holds for that from Acquire on. Only a steal by a
+// longer lease token can take the total over n, by the difference.
 //
 // The bound is global: one client (one principal) can fill it for every
 // other, with few records if their bodies are large. Size it for the

@@ -58,6 +58,20 @@ func omitBody(resp *idempotency.Response) string {
 	return string(block)
 }
 
+// omitAll returns the meta block of a response with status alone, marked
+// HeaderOmitted (and BodyOmitted), for a record whose headers the store has
+// no room for either. Its size is completionReserve.
+func omitAll(status int) string {
+	block, _ := wire.AppendMeta(nil, &idempotency.Response{Status: status, BodyOmitted: true, HeaderOmitted: true})
+	return string(block)
+}
+
+// completionReserve is the room every IN_PROGRESS record holds for its
+// completion: the meta block of omitAll (a status of 200..599 is two bytes
+// long as a uvarint), so that a record can always complete within the
+// store's byte bound.
+var completionReserve = int64(len(omitAll(599)))
+
 // recordOverhead is the memory a record holds beyond the bytes of its
 // strings, as WithMaxBytes counts it: the record, its slot in the shard's
 // map, and the rounding of its strings to the allocator's size classes.
@@ -65,9 +79,10 @@ func omitBody(resp *idempotency.Response) string {
 // slot took 130 to 155 bytes.
 const recordOverhead = 160
 
-// inProgressSize is what a new IN_PROGRESS record of key counts for.
+// inProgressSize is what a new IN_PROGRESS record of key counts for,
+// completionReserve included.
 func inProgressSize(key, fingerprint, token string) int64 {
-	return recordOverhead + int64(len(key)+len(fingerprint)+len(token))
+	return recordOverhead + completionReserve + int64(len(key)+len(fingerprint)+len(token))
 }
 
 // complete reports whether the record is COMPLETE.

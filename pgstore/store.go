@@ -316,7 +316,7 @@ func encode(resp *idempotency.Response) (encoded, error) {
 	if err != nil {
 		return encoded{}, fmt.Errorf("pgstore: %w", err)
 	}
-	e := encoded{status: int32(resp.Status), headers: meta, body: resp.Body, omitted: resp.BodyOmitted}
+	e := encoded{status: int32(resp.Status), headers: meta, body: resp.Body, omitted: resp.BodyOmitted || resp.HeaderOmitted}
 	if e.omitted || e.body == nil {
 		e.body = []byte{}
 	}

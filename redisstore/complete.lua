@@ -6,13 +6,20 @@
 -- The flags line lets the script write on a server at maxmemory (Redis 7
 -- and later; see scripts.go for older servers): a record whose handler ran
 -- must be completed, or a duplicate would run the handler again once the
--- lease ran out. It may take the server past maxmemory by the size of the
--- payload.
+-- lease ran out. The Store sends the script as it is only with a payload of
+-- at most its allowance (WithMaxmemoryAllowance, 4 KiB by default) or with
+-- a marked one (the status, with or without the headers, no body). A larger
+-- payload goes with the flags line "#!lua" instead (scripts.go derives that
+-- variant from this file), which Redis refuses at maxmemory before the
+-- script runs; the Store then sends the marked payload with this one. A
+-- full server refuses new records, so past maxmemory it grows by at most
+-- one allowance per record that was in progress when it got there.
 --
 -- KEYS[1]  record key (a hash); its channel is KEYS[1] .. ':changed'
 -- ARGV[1]  the caller's token as the head spells it: <token length> ":" <token>
 -- ARGV[2]  TTL, in milliseconds (> 0)
--- ARGV[3]  payload: the encoded status, headers and body
+-- ARGV[3]  payload: the encoded status, headers and body, or the marked
+--          payload that replaces them on a server at maxmemory
 --
 -- Reply (always an array): a code, named by the Go constant after it (in
 -- scripts.go; TestReplyCodes checks that the two agree), then data.
@@ -25,7 +32,8 @@
 -- with state "c"; the payload goes to the field named "c" followed by the
 -- fingerprint, which a replay reads alone. A record of the previous layout
 -- has no field h: its holder is an instance of the previous version, so the
--- caller's lease is lost.
+-- caller's lease is lost. A retry finds the record complete and writes
+-- nothing, so the payload stored first stays, full or marked.
 
 local key, tok = KEYS[1], ARGV[1]
 

@@ -82,17 +82,31 @@
 // server refuses new records, and Acquire reports idempotency.ErrStoreFull;
 // Acquire's read-only answers (replay, in flight, mismatch) still work.
 // From Redis 7 on, a record already held can still be extended, completed
-// (which may take the server past maxmemory by the size of the response)
 // and released on a full server: the complete, extend and release scripts
 // open with the flags line "#!lua flags=allow-oom". A steal, a new record
 // and a holder's retry that renews its lease are refused, as is the mark
 // Watch writes (waiters then re-check when the holder's lease runs out).
 //
+// Only a small payload is written past maxmemory: one of at most
+// WithMaxmemoryAllowance bytes (4 KiB by default; the status, headers and
+// body as stored). A larger one is sent with a complete script without
+// allow-oom, which Redis refuses at maxmemory before it runs; Complete then
+// stores, in a second round trip, the status and headers with the body
+// omitted (Response.BodyOmitted) when they fit in the allowance, else the
+// status alone (Response.HeaderOmitted). The record is COMPLETE either way,
+// and a duplicate gets that marked replay rather than a second execution.
+// Since a full server refuses new records, only the records in progress
+// when it filled up can complete past maxmemory, so it goes past by at most
+// their number times the allowance (plus each record's overhead, see
+// WithMaxmemoryAllowance) and the one larger payload Redis admitted while
+// it was below.
+//
 // Servers before Redis 7 refuse to compile a script with a flags line; a
 // Store that meets that error switches, once, to the same scripts without
-// it. Such a server refuses Complete and Extend at maxmemory (Release still
-// works): the record stays in progress, and once its lease has run out and
-// the server has room, a duplicate runs the handler again.
+// it. Such a server refuses Complete, whatever the payload's size, and
+// Extend at maxmemory (Release still works): the record stays in progress,
+// and once its lease has run out and the server has room, a duplicate runs
+// the handler again.
 //
 // Redis replicates asynchronously. A failover can lose the writes the old
 // master had not yet sent to the promoted replica, so a record completed

@@ -3,12 +3,19 @@ package redisstore
 // Unexported parts of the package, for its tests.
 var (
 	FlagsLineRefused = flagsLineRefused
+	WithoutFlag      = withoutFlag
 	EpochAt          = epochAt
 	MsDuration       = msDuration
 )
 
 // MaxEpoch is the largest epoch the scripts read.
 const MaxEpoch = maxEpoch
+
+// DefaultMaxmemoryAllowance is WithMaxmemoryAllowance's default.
+const DefaultMaxmemoryAllowance = defaultMaxmemoryAllowance
+
+// CompleteSrc is the source of complete.lua.
+var CompleteSrc = completeSrc
 
 // UsePlainScripts makes s send the scripts without their flags line, as it
 // does once a server before Redis 7 refused one.
@@ -20,5 +27,8 @@ func PlainScripts(s *Store) bool { return s.plainScripts.Load() }
 // FlaggedScriptSHAs returns the SHA-1 digests of the scripts sent with a
 // flags line, as EVALSHA names them.
 func FlaggedScriptSHAs() []string {
-	return []string{completeScript.flagged.Hash(), extendScript.flagged.Hash(), releaseScript.flagged.Hash()}
+	return []string{
+		completeScript.flagged.Hash(), completeDenyOOMScript.flagged.Hash(),
+		extendScript.flagged.Hash(), releaseScript.flagged.Hash(),
+	}
 }

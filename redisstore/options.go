@@ -11,10 +11,13 @@ import (
 type Option func(*config)
 
 type config struct {
-	prefix      string
-	waitN       int
-	waitTimeout time.Duration
-	onWAIT      func(ctx context.Context, err *WAITError)
+	prefix string
+	// oomAllowance is the largest payload Complete writes on a server at
+	// maxmemory (see WithMaxmemoryAllowance).
+	oomAllowance int
+	waitN        int
+	waitTimeout  time.Duration
+	onWAIT       func(ctx context.Context, err *WAITError)
 	// startupLog is the logger of the check New starts (CheckAndWarn),
 	// nil when WithoutStartupCheck turned it off.
 	startupLog *slog.Logger
@@ -25,7 +28,7 @@ type config struct {
 var startupCheckByDefault = true
 
 func defaultConfig() config {
-	c := config{prefix: "idempotency:"}
+	c := config{prefix: "idempotency:", oomAllowance: defaultMaxmemoryAllowance}
 	if startupCheckByDefault {
 		c.startupLog = slog.Default()
 	}
@@ -43,6 +46,38 @@ func WithPrefix(p string) Option {
 		panic("redisstore: WithPrefix: empty prefix")
 	}
 	return func(c *config) { c.prefix = p }
+}
+
+// defaultMaxmemoryAllowance is WithMaxmemoryAllowance's default.
+const defaultMaxmemoryAllowance = 4 << 10
+
+// WithMaxmemoryAllowance sets the largest payload, in bytes, that Complete
+// writes on a Redis server at maxmemory (with noeviction): the encoded
+// status, headers and body as stored. A payload of at most n bytes is
+// written there with the allow-oom complete script. A larger one is sent
+// with a script that Redis 7 refuses at maxmemory before it runs; Complete
+// then stores in its place the status and headers without the body
+// (BodyOmitted) when those fit in n bytes, and otherwise the status alone
+// (HeaderOmitted), a few bytes written whatever n is. Either way the
+// record is COMPLETE, so a duplicate is replayed, marked, and the handler
+// never runs a second time for lack of memory.
+//
+// A server at maxmemory refuses new records, so only the records already
+// in progress when it got there can complete past it, each storing at most
+// n bytes of payload: it goes past maxmemory by at most their number times
+// n (plus what Redis adds to each: its allocator rounds a value up by at
+// most a quarter, and a record's hash costs under 256 bytes; a record with
+// a 4 KiB payload takes 5.2 KiB), and by at most one larger payload, which
+// Redis admitted while still below maxmemory. With 0, nothing but the
+// status-only marks (under 100 bytes a record) is written past
+// maxmemory. It panics when n < 0.
+//
+// Default: 4 KiB.
+func WithMaxmemoryAllowance(n int) Option {
+	if n < 0 {
+		panic(fmt.Sprintf("redisstore: WithMaxmemoryAllowance: %d bytes < 0", n))
+	}
+	return func(c *config) { c.oomAllowance = n }
 }
 
 // WithWAIT makes Complete follow its write with WAIT replicas timeout on the

@@ -33,14 +33,14 @@ func tokenTag(token string) string { return strconv.Itoa(len(token)) + ":" + tok
 
 // appendPayload appends the payload of resp to b: the length of its meta
 // block as a uvarint, the meta block (wire.AppendMeta) and the body (none
-// when BodyOmitted).
+// when BodyOmitted or HeaderOmitted).
 func appendPayload(b []byte, resp *idempotency.Response) ([]byte, error) {
 	meta, err := wire.AppendMeta(nil, resp)
 	if err != nil {
 		return nil, err
 	}
 	body := resp.Body
-	if resp.BodyOmitted {
+	if resp.BodyOmitted || resp.HeaderOmitted {
 		body = nil
 	}
 	b = binary.AppendUvarint(b, uint64(len(meta)))

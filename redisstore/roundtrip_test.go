@@ -21,6 +21,12 @@ func TestRoundTrips(t *testing.T) {
 	if err := s.Complete(ctx, warm, "w", sampleResponse(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	// A payload over the maxmemory allowance goes with a script of its own.
+	warmLarge := randKey()
+	mustAcquire(t, s, req(warmLarge, "w"), idempotency.Acquired)
+	if err := s.Complete(ctx, warmLarge, "w", largeBodyResponse(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Release(ctx, warm, "w"); err == nil {
 		t.Fatal("Release of COMPLETE succeeded")
 	}
@@ -43,6 +49,13 @@ func TestRoundTrips(t *testing.T) {
 	check("first execution (acquire + complete)", 2, func() {
 		mustAcquire(t, s, req(key, "t1"), idempotency.Acquired)
 		if err := s.Complete(ctx, key, "t1", sampleResponse(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	})
+	large := randKey()
+	check("first execution, payload over the maxmemory allowance", 2, func() {
+		mustAcquire(t, s, req(large, "t1"), idempotency.Acquired)
+		if err := s.Complete(ctx, large, "t1", largeBodyResponse(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	})

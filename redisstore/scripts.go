@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -11,10 +12,11 @@ import (
 
 // One Lua script per edge of the record's state machine. Each touches only
 // the record's own key, so it runs on a Cluster, judges leases on the
-// server's clock (by the key's expiry, see record.go), and replies with an
-// array that opens with a code (the constants below). Script.Run sends EVALSHA and falls back to EVAL when the
-// server answers NOSCRIPT (a restarted or failed-over server has an empty
-// script cache).
+// server's clock (its TIME against the lease's end in the head, see
+// record.go), and replies with an array that opens with a code (the
+// constants below). Script.Run sends EVALSHA and falls back to EVAL when
+// the server answers NOSCRIPT (a restarted or failed-over server has an
+// empty script cache).
 //
 // complete.lua, extend.lua and release.lua open with the flags line
 // "#!lua flags=allow-oom", so that Redis 7 and later run them on a server
@@ -22,12 +24,23 @@ import (
 // lease extended, or released. (With a flags line Redis 7 also treats the
 // script as a write script: it refuses it on a read-only replica up front,
 // and checks the keys it touches more strictly, which these pass: each
-// touches only the key it declares.) Servers before Redis 7 do not know
-// flags lines and refuse to compile such a script; a Store then switches,
-// once, to the same scripts without the line (see flaggedScript), which
-// such a server refuses at maxmemory as it always did (complete and
-// extend; release only deletes). acquire.lua has no flags line: a server
-// at maxmemory runs its read-only paths and refuses its writes.
+// touches only the key it declares.) acquire.lua has no flags line: a
+// server at maxmemory runs its read-only paths and refuses its writes.
+//
+// complete.lua is also sent with the flags line "#!lua" alone
+// (completeDenyOOMScript), for a payload over WithMaxmemoryAllowance: Redis
+// 7 refuses that script at maxmemory before it runs ("OOM command not
+// allowed ..."), and Complete then stores a marked payload, the status with
+// or without the headers, with the allow-oom script instead (see
+// Store.Complete). So a large payload is written only while the server is
+// below maxmemory, which it may cross by that payload's size, as any write
+// command may. Both variants have the same plain script.
+//
+// Servers before Redis 7 do not know flags lines and refuse to compile such
+// a script; a Store then switches, once, to the same scripts without the
+// line (see flaggedScript), which such a server refuses at maxmemory as it
+// always did (complete and extend, whatever the payload's size; release
+// only deletes).
 var (
 	//go:embed acquire.lua
 	acquireSrc    string
@@ -36,6 +49,9 @@ var (
 	//go:embed complete.lua
 	completeSrc    string
 	completeScript = newFlaggedScript(completeSrc)
+	// The same source with "allow-oom" taken out of its flags line, so
+	// that Redis 7 refuses it at maxmemory before it writes anything.
+	completeDenyOOMScript = newFlaggedScript(withoutFlag(completeSrc, "allow-oom"))
 
 	//go:embed release.lua
 	releaseSrc    string
@@ -87,9 +103,9 @@ const (
 )
 
 // flaggedScript is a script whose source opens with a flags line
-// ("#!lua flags=..."), for Redis 7 and later, together with the same script
-// with that line left empty, for older servers. Keeping the line's newline
-// keeps the line numbers of error messages the same in both.
+// ("#!lua" and its flags), for Redis 7 and later, together with the same
+// script with that line left empty, for older servers. Keeping the line's
+// newline keeps the line numbers of error messages the same in both.
 type flaggedScript struct {
 	flagged, plain *redis.Script
 }
@@ -108,6 +124,26 @@ func newFlaggedScript(src string) *flaggedScript {
 		flagged: redis.NewScript(src),
 		plain:   redis.NewScript(src[len(line):]),
 	}
+}
+
+// withoutFlag returns src with flag taken out of its flags line, which
+// must be "#!lua flags=<flag>,...": "#!lua flags=allow-oom" becomes
+// "#!lua", a flags line declaring no flag. The rest of src, and so its
+// line numbers and the plain script derived from it, are left as they are.
+// It panics when the flags line does not list flag.
+func withoutFlag(src, flag string) string {
+	line, rest, _ := strings.Cut(src, "\n")
+	list, ok := strings.CutPrefix(line, flagsLinePrefix+" flags=")
+	flags := strings.Split(list, ",")
+	kept := slices.DeleteFunc(slices.Clone(flags), func(f string) bool { return f == flag })
+	if !ok || len(kept) == len(flags) {
+		panic("redisstore: the script's flags line does not list " + flag)
+	}
+	line = flagsLinePrefix
+	if len(kept) > 0 {
+		line += " flags=" + strings.Join(kept, ",")
+	}
+	return line + "\n" + rest
 }
 
 // flagsLineRefused reports whether err is the error a server before Redis 7

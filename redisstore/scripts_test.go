@@ -234,3 +234,35 @@ func TestPreRedis7Fallback(t *testing.T) {
 		t.Fatalf("ConformanceStartingPlain: %d flagged scripts sent by stores using the plain scripts", n)
 	}
 }
+
+// TestWithoutFlag: the complete script for large payloads is complete.lua
+// with "allow-oom" taken out of its flags line and nothing else changed, so
+// both have the same line numbers and the same plain script.
+func TestWithoutFlag(t *testing.T) {
+	for _, c := range []struct{ src, flag, want string }{
+		{"#!lua flags=allow-oom\nreturn 1", "allow-oom", "#!lua\nreturn 1"},
+		{"#!lua flags=allow-oom,no-cluster\nreturn 1", "allow-oom", "#!lua flags=no-cluster\nreturn 1"},
+		{"#!lua flags=no-cluster,allow-oom\n", "allow-oom", "#!lua flags=no-cluster\n"},
+	} {
+		if got := redisstore.WithoutFlag(c.src, c.flag); got != c.want {
+			t.Errorf("WithoutFlag(%q, %q) = %q, want %q", c.src, c.flag, got, c.want)
+		}
+	}
+	for _, src := range []string{"#!lua\nreturn 1", "#!lua flags=no-writes\nreturn 1", "return 1", ""} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithoutFlag(%q, allow-oom) did not panic", src)
+				}
+			}()
+			redisstore.WithoutFlag(src, "allow-oom")
+		}()
+	}
+
+	denyOOM := redisstore.WithoutFlag(redisstore.CompleteSrc, "allow-oom")
+	line, rest, _ := strings.Cut(denyOOM, "\n")
+	_, want, _ := strings.Cut(redisstore.CompleteSrc, "\n")
+	if line != "#!lua" || rest != want {
+		t.Fatalf("complete.lua without allow-oom opens with %q and differs after its first line", line)
+	}
+}

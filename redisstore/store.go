@@ -216,13 +216,23 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	return bad()
 }
 
-// Complete implements idempotency.Store. With WithWAIT, the write and a WAIT
-// go out together on one connection; a WAIT shortfall is reported to the
-// WithWAITErrorHandler and does not fail Complete. On a Cluster, Complete
-// follows the record to its current master when its slot has moved or is
-// moving (MOVED, ASK) or its master has failed over (MOVED, READONLY, or an
-// unreachable master: the client's slot map is then reloaded), WAIT
-// included.
+// Complete implements idempotency.Store, in one round trip. A payload
+// (the encoded status, headers and body) of at most WithMaxmemoryAllowance
+// bytes is written even on a server at maxmemory. A larger one goes with a
+// complete script that Redis 7 refuses at maxmemory before it runs; Complete
+// then writes, in a second round trip, a marked payload in its place: the
+// status and headers with the body omitted (Response.BodyOmitted) when they
+// fit in the allowance, else the status alone (Response.HeaderOmitted). The
+// record is COMPLETE either way, so a duplicate gets a replay marked as
+// such, never a second execution. A retried Complete keeps the payload the
+// first one stored, full or marked.
+//
+// With WithWAIT, the write and a WAIT go out together on one connection; a
+// WAIT shortfall is reported to the WithWAITErrorHandler and does not fail
+// Complete. On a Cluster, Complete follows the record to its current master
+// when its slot has moved or is moving (MOVED, ASK) or its master has failed
+// over (MOVED, READONLY, or an unreachable master: the client's slot map is
+// then reloaded), WAIT included.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
 	if err := s.check(key, token); err != nil {
 		return err
@@ -235,18 +245,54 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	rkey := s.RecordKey(key)
-	args := []any{tokenTag(token), millis(ttl), payload}
+	tag, ms := tokenTag(token), millis(ttl)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		if s.cfg.waitN > 0 {
-			return s.completeAndWait(ctx, rkey, args)
+		if len(payload) <= s.cfg.oomAllowance {
+			return s.runComplete(ctx, completeScript, rkey, tag, ms, payload)
 		}
-		return s.runReloading(ctx, completeScript, []string{rkey}, args...)
+		reply, err := s.runComplete(ctx, completeDenyOOMScript, rkey, tag, ms, payload)
+		// A server before Redis 7 refuses the first write of any script
+		// at maxmemory, so it would refuse the marked payload too.
+		if !isOOM(err) || s.plainScripts.Load() {
+			return reply, err
+		}
+		// Redis 7 refused the script at maxmemory before it ran: nothing
+		// was written.
+		marked, err := appendPayload(nil, s.markedResponse(resp))
+		if err != nil {
+			return nil, err
+		}
+		return s.runComplete(ctx, completeScript, rkey, tag, ms, marked)
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
 		return fmt.Errorf("redisstore: complete %s: %w", rkey, err)
 	}
 	return s.fenced("complete", rkey, reply)
+}
+
+// runComplete runs sc, completeScript or completeDenyOOMScript, for the
+// record at rkey: with WAIT when WithWAIT asks for it.
+func (s *Store) runComplete(ctx context.Context, sc *flaggedScript, rkey, tag string, ttl int64, payload []byte) ([]any, error) {
+	args := []any{tag, ttl, payload}
+	if s.cfg.waitN > 0 {
+		return s.completeAndWait(ctx, sc, rkey, args)
+	}
+	return s.runReloading(ctx, sc, []string{rkey}, args...)
+}
+
+// markedResponse returns what Complete stores in place of resp when a
+// server at maxmemory refused its payload: the status and headers, marked
+// BodyOmitted, when their payload fits in WithMaxmemoryAllowance; else the
+// status alone, marked HeaderOmitted, which always is written.
+func (s *Store) markedResponse(resp *idempotency.Response) *idempotency.Response {
+	withHeader := &idempotency.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+	if !resp.HeaderOmitted {
+		if p, err := appendPayload(nil, withHeader); err == nil && len(p) <= s.cfg.oomAllowance {
+			return withHeader
+		}
+	}
+	return &idempotency.Response{Status: resp.Status, BodyOmitted: true, HeaderOmitted: true}
 }
 
 // Release implements idempotency.Store.

@@ -8,20 +8,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// completeAndWait runs the complete script and WAIT in one pipeline on one
+// completeAndWait runs sc, a complete script, and WAIT in one pipeline on one
 // connection to the record's master, so that WAIT counts the replicas that
 // acknowledged the script's write. On a Cluster it follows the redirects
 // the client would follow for the script alone (see clusterCompleteAndWait).
 // It reports a WAIT shortfall to the WithWAITErrorHandler.
-func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([]any, error) {
+func (s *Store) completeAndWait(ctx context.Context, sc *flaggedScript, rkey string, args []any) ([]any, error) {
 	var c, w *redis.Cmd
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		var err error
-		if c, w, err = s.clusterCompleteAndWait(ctx, cc, rkey, args); err != nil {
+		if c, w, err = s.clusterCompleteAndWait(ctx, cc, sc, rkey, args); err != nil {
 			return nil, err
 		}
 	} else {
-		c, w = s.completeWAITPipeline(ctx, s.client, false, rkey, args)
+		c, w = s.completeWAITPipeline(ctx, s.client, false, sc, rkey, args)
 	}
 	reply, err := c.Slice()
 	if err != nil {
@@ -38,12 +38,12 @@ func (s *Store) completeAndWait(ctx context.Context, rkey string, args []any) ([
 	return reply, nil
 }
 
-// completeWAITPipeline sends the complete script and WAIT in one pipeline
+// completeWAITPipeline sends sc, a complete script, and WAIT in one pipeline
 // of node (one connection), preceded by ASKING when asking is set, and
 // returns their commands. It sends the script with EVALSHA, and again with
 // EVAL when the server answers NOSCRIPT; when the server refuses the flags
 // line, the Store switches to the plain scripts as run does.
-func (s *Store) completeWAITPipeline(ctx context.Context, node redis.Cmdable, asking bool, rkey string, args []any) (c, w *redis.Cmd) {
+func (s *Store) completeWAITPipeline(ctx context.Context, node redis.Cmdable, asking bool, sc *flaggedScript, rkey string, args []any) (c, w *redis.Cmd) {
 	pipe := node.Pipeline()
 	keys := []string{rkey}
 	send := func(script *redis.Script, sha bool) (*redis.Cmd, *redis.Cmd) {
@@ -69,11 +69,11 @@ func (s *Store) completeWAITPipeline(ctx context.Context, node redis.Cmdable, as
 		}
 		return c, w
 	}
-	script := s.script(completeScript)
+	script := s.script(sc)
 	c, w = run(script)
-	if script == completeScript.flagged && flagsLineRefused(c.Err()) {
+	if script == sc.flagged && flagsLineRefused(c.Err()) {
 		s.plainScripts.Store(true)
-		c, w = run(completeScript.plain)
+		c, w = run(sc.plain)
 	}
 	return c, w
 }
@@ -96,7 +96,7 @@ func (s *Store) completeWAITPipeline(ctx context.Context, node redis.Cmdable, as
 // MaxRedirects times (4 by default), and stops when ctx ends. Running the
 // script again is safe: a complete retried with the same token gives the
 // first run's answer. It returns the commands of the last attempt.
-func (s *Store) clusterCompleteAndWait(ctx context.Context, cc *redis.ClusterClient, rkey string, args []any) (c, w *redis.Cmd, err error) {
+func (s *Store) clusterCompleteAndWait(ctx context.Context, cc *redis.ClusterClient, sc *flaggedScript, rkey string, args []any) (c, w *redis.Cmd, err error) {
 	node, err := cc.MasterForKey(ctx, rkey)
 	if err != nil {
 		return nil, nil, err
@@ -109,7 +109,7 @@ func (s *Store) clusterCompleteAndWait(ctx context.Context, cc *redis.ClusterCli
 	}()
 	asking := false
 	for attempt := 0; ; attempt++ {
-		c, w = s.completeWAITPipeline(ctx, node, asking, rkey, args)
+		c, w = s.completeWAITPipeline(ctx, node, asking, sc, rkey, args)
 		refused := c.Err()
 		if refused == nil || attempt >= cc.Options().MaxRedirects || ctx.Err() != nil {
 			return c, w, nil

@@ -41,7 +41,7 @@ func newEntry(key, fingerprint string, resp *idempotency.Response, expires, unti
 	// caller's may be parts of a larger one the entry must not keep.
 	kf := key + fingerprint
 	e := &entry{key: kf[:len(key)], fingerprint: kf[len(key):], meta: string(meta), expires: expires, until: until}
-	if !resp.BodyOmitted {
+	if !resp.BodyOmitted && !resp.HeaderOmitted {
 		e.body = string(resp.Body)
 	}
 	e.size = EntryOverhead + int64(len(e.key)+len(e.fingerprint)+len(e.meta)+len(e.body))

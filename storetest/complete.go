@@ -110,6 +110,11 @@ var payloadCases = func() []testCase {
 			Header:      http.Header{"Content-Type": {"text/csv"}, "X-Multi": {"2", "1"}},
 			BodyOmitted: true,
 		}},
+		{"HeaderOmitted", &idempotency.Response{
+			Status:        http.StatusCreated,
+			BodyOmitted:   true,
+			HeaderOmitted: true,
+		}},
 		{"ClientError", &idempotency.Response{
 			Status: http.StatusUnprocessableEntity,
 			Header: http.Header{"Content-Type": {"application/problem+json"}},

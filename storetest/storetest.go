@@ -41,10 +41,10 @@
 // context may fail or may succeed, but either way a retry with the same token
 // and a live context must give the answer the first call would have given.
 //
-// Responses are compared by value: Status, BodyOmitted, the body's bytes and
-// every header value in order. A nil and an empty Header (or Body) are
-// treated as equal, since a store that serialises records cannot tell them
-// apart.
+// Responses are compared by value: Status, BodyOmitted, HeaderOmitted, the
+// body's bytes and every header value in order. A nil and an empty Header
+// (or Body) are treated as equal, since a store that serialises records
+// cannot tell them apart.
 package storetest
 
 import (
@@ -271,6 +271,9 @@ func diffResponse(got, want *idempotency.Response) string {
 	}
 	if got.BodyOmitted != want.BodyOmitted {
 		return fmt.Sprintf("BodyOmitted = %v, want %v", got.BodyOmitted, want.BodyOmitted)
+	}
+	if got.HeaderOmitted != want.HeaderOmitted {
+		return fmt.Sprintf("HeaderOmitted = %v, want %v", got.HeaderOmitted, want.HeaderOmitted)
 	}
 	if !bytes.Equal(got.Body, want.Body) {
 		return fmt.Sprintf("Body (%d bytes) differs from the stored body (%d bytes)", len(got.Body), len(want.Body))

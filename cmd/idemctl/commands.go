@@ -93,8 +93,14 @@ epoch (1, plus one per steal), its lease token, the request fingerprint, its
 lease (live and how long is left, or how long ago it ran out, on the server's
 clock), how long until Redis or the purge removes it (for a complete record,
 the TTL left), whether a waiter watches it, and for a complete record the
-stored status, headers and the first bytes of the body (-body; text as it is,
-anything else as a hex dump; control characters in headers are escaped).
+stored status, headers and the first bytes of the body (-body).
+
+A UTF-8 body is shown line by line after "|", with its tabs expanded; a line
+holding a control or format character (a carriage return, an escape, a bidi
+control, a line separator...) is shown Go-quoted after "!" instead. A body
+that is not UTF-8, or holds a NUL byte, is shown as a hex dump. Header names
+and values, keys, tokens and reasons holding such characters are Go-quoted
+too, and -json writes them as \uXXXX escapes.
 
 It only reads. Exit status 3 when there is no record.`,
 	examples: `  idemctl inspect -redis 127.0.0.1:6379 -scope user-42 -key 8e03978e-40d5-43e8-bc93-6894a57f9324
@@ -457,7 +463,7 @@ func writeRow(c *cli, r *record) {
 		expires = "past"
 	}
 	fmt.Fprintf(c.stdout, "%-64s  %-11s %5s  %-9s %-18s %-10s %6s %s\n",
-		r.Key, state, epoch, dash(r.Age), lease, expires, status, body)
+		safe(r.Key), state, epoch, dash(r.Age), lease, expires, status, body)
 }
 
 // short renders d in at most a few characters: 850ms, 12s, 5m3s, 23h59m.

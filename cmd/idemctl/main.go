@@ -211,6 +211,6 @@ func (c *cli) fail(cmd *command, err error) int {
 	if errors.As(err, &ue) {
 		return c.usageFailed(cmd, err)
 	}
-	fmt.Fprintf(c.stderr, "idemctl %s: %v\n", cmd.name, err)
+	fmt.Fprintf(c.stderr, "idemctl %s: %s\n", cmd.name, safe(err.Error()))
 	return exitFailure
 }

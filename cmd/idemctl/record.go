@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/go-idempotency/idempotency/internal/wire"
@@ -122,14 +124,39 @@ func (c *cli) printJSON(cmd *command, v any) int {
 	return exitOK
 }
 
-// writeJSON writes v as one line of JSON.
+// writeJSON writes v as one line of JSON, escaping the characters that a
+// terminal would not show as they are (see escapeJSON).
 func writeJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	_, err = w.Write(append(b, '\n'))
+	_, err = w.Write(append(escapeJSON(b), '\n'))
 	return err
+}
+
+// escapeJSON returns the JSON text b with a \u escape for every character
+// that is not graphic (unicode.IsGraphic) and that encoding/json leaves as
+// it is: DEL, the C1 controls such as U+0085, and format characters such as
+// the bidi controls. (encoding/json escapes those below U+0020, and U+2028
+// and U+2029, itself.) In JSON text such a character can only be within a
+// string, where its escape decodes to the same character.
+func escapeJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		switch {
+		case r < utf8.RuneSelf && r != 0x7f, unicode.IsGraphic(r):
+			out = append(out, b[:n]...)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		b = b[n:]
+	}
+	return out
 }
 
 // writeText writes r for people.
@@ -137,8 +164,8 @@ func (r *record) writeText(w io.Writer) {
 	line := func(name, format string, args ...any) {
 		fmt.Fprintln(w, strings.TrimRight(fmt.Sprintf("%-12s %s", name, fmt.Sprintf(format, args...)), " "))
 	}
-	line("storage key", "%s", r.Key)
-	line("location", "%s", r.Location)
+	line("storage key", "%s", safe(r.Key))
+	line("location", "%s", safe(r.Location))
 	state := r.State
 	if r.Problem != "" {
 		state += ": " + safe(r.Problem)
@@ -223,47 +250,46 @@ func describeLease(r *record) string {
 	return "ran out " + human(-*r.LeaseLeft) + " ago" + at
 }
 
-// writePreview writes body indented: as text when it is printable UTF-8,
-// else as a hex dump.
+// writePreview writes body indented. A body of UTF-8 text is written line
+// by line (without the "\n" or "\r\n" that ends a line): after "|" with
+// its tabs expanded when the line is graphic, else Go-quoted after "!". Any
+// other body (not UTF-8, or holding a NUL byte) is written as a hex dump.
 func writePreview(w io.Writer, body []byte) {
-	if printable(body) {
-		for _, l := range strings.SplitAfter(string(body), "\n") {
-			if l == "" {
-				continue
-			}
-			fmt.Fprintf(w, "  | %s\n", strings.TrimRight(strings.ReplaceAll(l, "\t", "    "), "\r\n"))
+	if !utf8.Valid(body) || bytes.IndexByte(body, 0) >= 0 {
+		for _, l := range strings.Split(strings.TrimRight(hex.Dump(body), "\n"), "\n") {
+			fmt.Fprintf(w, "  %s\n", l)
 		}
 		return
 	}
-	for _, l := range strings.Split(strings.TrimRight(hex.Dump(body), "\n"), "\n") {
-		fmt.Fprintf(w, "  %s\n", l)
-	}
-}
-
-// printable reports whether b is UTF-8 text without control characters
-// other than tab, carriage return and newline.
-func printable(b []byte) bool {
-	if !utf8.Valid(b) {
-		return false
-	}
-	for _, r := range string(b) {
-		if r != '\n' && r != '\t' && r != '\r' && !unicode.IsPrint(r) && !unicode.IsSpace(r) {
-			return false
+	for l := range strings.Lines(string(body)) {
+		line, crlf := strings.CutSuffix(l, "\r\n")
+		if !crlf {
+			line = strings.TrimSuffix(l, "\n")
+		}
+		if text := strings.ReplaceAll(line, "\t", "    "); graphic(text) {
+			fmt.Fprintf(w, "  | %s\n", text)
+		} else {
+			fmt.Fprintf(w, "  ! %s\n", strconv.QuoteToGraphic(line))
 		}
 	}
-	return true
 }
 
-// safe returns s as it is when it is printable on one line, else quoted
-// with Go escapes, so that no byte of a record can move a terminal's
-// cursor.
+// graphic reports whether s is UTF-8 of graphic characters only
+// (unicode.IsGraphic: letters, marks, numbers, punctuation, symbols and
+// spaces), which a terminal shows as they are on one line: no control or
+// format character, no line or paragraph separator.
+func graphic(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsGraphic(r) })
+}
+
+// safe returns s as it is when it is graphic, else Go-quoted
+// (strconv.QuoteToGraphic), so that no byte of a record can move a
+// terminal's cursor or reorder what it shows.
 func safe(s string) string {
-	for _, r := range s {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			return strconv.Quote(s)
-		}
+	if graphic(s) {
+		return s
 	}
-	return s
+	return strconv.QuoteToGraphic(s)
 }
 
 func yesNo(b bool) string {
@@ -317,7 +343,7 @@ func (u removal) judge(r *record) error {
 		case stateComplete:
 			return refuse("the record is COMPLETE: deleting it makes the next duplicate run the handler again instead of replaying; add -force if that is what you want")
 		case stateCorrupt:
-			return refuse("the record is unreadable (%s); requests for it get 500 record_unreadable; deleting it lets the next one run the handler; add -force if that is what you want", r.Problem)
+			return refuse("the record is unreadable (%s); requests for it get 500 record_unreadable; deleting it lets the next one run the handler; add -force if that is what you want", safe(r.Problem))
 		case stateInProgress:
 			if r.leaseLive() {
 				return refuse("the lease is live (%s left): its handler may still be running, and removing the record lets a duplicate run beside it; wait for the lease to run out, or add -force once you know the owner is gone", human(*r.LeaseLeft))

@@ -51,35 +51,16 @@ func newAPI(store idempotency.Store, db *pgxpool.Pool, logger *slog.Logger) *api
 	return &api{store: store, db: db, logger: logger, payments: map[string]payment{}}
 }
 
-// user is the demo's authentication: the principal comes from X-User, or
-// from a bearer token taken as the user name.
-func user(r *http.Request) string {
-	if u := r.Header.Get("X-User"); u != "" {
-		return u
-	}
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		return tok
-	}
-	return ""
-}
-
-func requireUser(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if user(r) == "" {
-			http.Error(w, "send X-User or Authorization: Bearer <user>", http.StatusUnauthorized)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 func (a *api) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/stats", a.stats)
 
 	r.Group(func(r chi.Router) {
-		r.Use(requireUser)
+		// Authentication runs before the idempotency middleware, whose
+		// scope is the user it verified: each user's keys are their own,
+		// whatever headers the client sends.
+		r.Use(authenticate)
 		// Keys are scoped per user, required on POST, and kept for an hour
 		// on this route.
 		opts := []idempotency.Option{

@@ -15,8 +15,17 @@
 // commit together, so a payment is made once however often it is sent,
 // and a payment whose provider fails (a 5xx) leaves no row.
 //
+// The payments routes authenticate each request with a bearer token from
+// a fixed demo table (alice-token for alice, bob-token for bob) before the
+// idempotency middleware runs; a request without a valid token gets 401.
+// The middleware's scope (idempotency.WithKeyScope) is the user that
+// authentication put in the request's context, never a header the client
+// chose: each user's keys and stored responses are their own. GET /stats
+// needs no token.
+//
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
-// commands that show a first call, a replay, a 422, a 409 and a 502.
+// commands that show a first call, a replay, a 422, a 409, a 502, another
+// user's key space and a 401.
 package main
 
 import (
@@ -29,6 +38,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -62,7 +72,7 @@ func run(addr, redisAddr, databaseURL string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: api.routes(), ReadHeaderTimeout: 10 * time.Second}
+	srv := newServer(api.routes())
 	printUsage(ln.Addr().String(), b)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -82,6 +92,30 @@ func run(addr, redisAddr, databaseURL string, logger *slog.Logger) error {
 	return nil
 }
 
+// newServer returns the HTTP server of handler, with its timeouts.
+func newServer(handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// A body trickled in slowly holds a connection, and up to the 1 MiB
+		// the middleware buffers to fingerprint it, until this passes.
+		ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute,
+		// No WriteTimeout: a slow payment (?delay=, up to 10s) must still
+		// deliver its answer, which the middleware stores once written.
+	}
+}
+
+// tokens describes the demo's accounts for the banner.
+func tokens() string {
+	var b strings.Builder
+	b.WriteString("Users and their bearer tokens:")
+	for _, a := range accounts {
+		fmt.Fprintf(&b, " %s (%s)", a.user, a.token)
+	}
+	return b.String()
+}
+
 func printUsage(addr string, b *backend) {
 	base := "http://" + addr
 	executions := "Payments made so far:"
@@ -89,19 +123,24 @@ func printUsage(addr string, b *backend) {
 		executions = "Payments made so far (rows of the payments table):"
 	}
 	fmt.Printf(`chi-server listening on %[1]s (store: %[2]s)
+%[4]s
 
 First call (runs the payment):
-  curl -i -X POST %[1]s/payments -H 'X-User: alice' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
 Replay (same key, same body: the stored response, Idempotent-Replayed: true):
-  curl -i -X POST %[1]s/payments -H 'X-User: alice' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
 422 (same key, different body):
-  curl -i -X POST %[1]s/payments -H 'X-User: alice' -H 'Idempotency-Key: order-1001' -d '{"amount":5000,"currency":"EUR"}'
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":5000,"currency":"EUR"}'
 409 (a duplicate while a slow original still runs; run both lines together):
-  curl -s -X POST '%[1]s/payments?delay=3s' -H 'X-User: alice' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}' &
-  sleep 0.5; curl -i -X POST '%[1]s/payments?delay=3s' -H 'X-User: alice' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}'
+  curl -s -X POST '%[1]s/payments?delay=3s' -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}' &
+  sleep 0.5; curl -i -X POST '%[1]s/payments?delay=3s' -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1002' -d '{"amount":10,"currency":"EUR"}'
 502 (the payment provider fails: nothing is kept, and the key is released, so a retry runs again):
-  curl -i -X POST '%[1]s/payments?provider=down' -H 'X-User: alice' -H 'Idempotency-Key: order-1003' -d '{"amount":10,"currency":"EUR"}'
+  curl -i -X POST '%[1]s/payments?provider=down' -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1003' -d '{"amount":10,"currency":"EUR"}'
+Bob's order-1001 is a payment of his own (keys are scoped to the authenticated user):
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer bob-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
+401 (X-User is no credential: without a valid token the request never reaches the middleware):
+  curl -i -X POST %[1]s/payments -H 'X-User: alice' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
 %[3]s
   curl -s %[1]s/stats
-`, base, b.name, executions)
+`, base, b.name, executions, tokens())
 }

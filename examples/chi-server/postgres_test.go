@@ -85,7 +85,7 @@ func TestPostgresPayments(t *testing.T) {
 	}
 	const body = `{"amount":1999,"currency":"EUR"}`
 
-	first, firstBody := servers[0].post("/payments", "alice", "order-1", body)
+	first, firstBody := servers[0].post("/payments", aliceToken, "order-1", body)
 	if first.StatusCode != http.StatusCreated || first.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("first: %d %v %s", first.StatusCode, first.Header, firstBody)
 	}
@@ -103,16 +103,24 @@ func TestPostgresPayments(t *testing.T) {
 		t.Fatalf("answered %+v; row %d %s %s %d", p, id, user, key, amount)
 	}
 
-	again, againBody := servers[1].post("/payments", "alice", "order-1", body)
+	again, againBody := servers[1].post("/payments", aliceToken, "order-1", body)
 	if again.StatusCode != http.StatusCreated || againBody != firstBody || again.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("duplicate: %d %v %s", again.StatusCode, again.Header, againBody)
 	}
 	if n := payments(t, db, "alice", "order-1"); n != 1 {
 		t.Fatalf("%d rows after a duplicate, want 1", n)
 	}
-	// Bob's order-1 is another payment: keys are scoped per user.
-	if res, b := servers[1].post("/payments", "bob", "order-1", body); res.StatusCode != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" {
+	// Bob's order-1 is another payment: keys are scoped to the token's
+	// user, and an X-User header naming alice changes nothing.
+	req, _ := http.NewRequest(http.MethodPost, servers[1].url+"/payments", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+bobToken)
+	req.Header.Set("X-User", "alice")
+	req.Header.Set("Idempotency-Key", "order-1")
+	if res, b := servers[1].do(req); res.StatusCode != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" || b == firstBody {
 		t.Fatalf("bob: %d %s", res.StatusCode, b)
+	}
+	if alice, bob := payments(t, db, "alice", "order-1"), payments(t, db, "bob", "order-1"); alice != 1 || bob != 1 {
+		t.Fatalf("rows: alice %d, bob %d; want 1 and 1", alice, bob)
 	}
 	if n := servers[0].executed(); n != 2 {
 		t.Fatalf("stats: %d payments, want 2", n)
@@ -120,19 +128,12 @@ func TestPostgresPayments(t *testing.T) {
 
 	// The payment is read back from its row, by its owner only.
 	for _, tc := range []struct {
-		user   string
+		token  string
 		status int
-	}{{"alice", http.StatusOK}, {"bob", http.StatusNotFound}} {
-		req, _ := http.NewRequest(http.MethodGet, servers[1].url+first.Header.Get("Location"), nil)
-		req.Header.Set("X-User", tc.user)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != tc.status || (tc.status == http.StatusOK && !strings.Contains(string(b), `"id":"`+p.ID+`"`)) {
-			t.Fatalf("GET as %s: %d %s", tc.user, res.StatusCode, b)
+	}{{aliceToken, http.StatusOK}, {bobToken, http.StatusNotFound}} {
+		res, b := servers[1].get(first.Header.Get("Location"), tc.token)
+		if res.StatusCode != tc.status || (tc.status == http.StatusOK && !strings.Contains(b, `"id":"`+p.ID+`"`)) {
+			t.Fatalf("GET with %s: %d %s", tc.token, res.StatusCode, b)
 		}
 	}
 }
@@ -157,7 +158,7 @@ func TestPostgresConcurrentDuplicates(t *testing.T) {
 	for i := range answers {
 		wg.Go(func() {
 			req, _ := http.NewRequest(http.MethodPost, c.url+"/payments?delay=300ms", strings.NewReader(body))
-			req.Header.Set("X-User", "alice")
+			req.Header.Set("Authorization", "Bearer "+aliceToken)
 			req.Header.Set("Idempotency-Key", "order-9")
 			<-start
 			res, err := http.DefaultClient.Do(req)
@@ -198,7 +199,7 @@ func TestPostgresConcurrentDuplicates(t *testing.T) {
 	if rows := payments(t, db, "alice", "order-9"); rows != 1 {
 		t.Fatalf("%d rows, want 1", rows)
 	}
-	res, b := c.post("/payments?delay=300ms", "alice", "order-9", body)
+	res, b := c.post("/payments?delay=300ms", aliceToken, "order-9", body)
 	if res.StatusCode != http.StatusCreated || b != ran[0] || res.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("a later duplicate: %d %v %s", res.StatusCode, res.Header, b)
 	}
@@ -212,7 +213,7 @@ func TestPostgresProviderFailureRollsBack(t *testing.T) {
 	c := pgServer(t, url)
 	db := pgtest.PoolOn(t, url)
 	const body = `{"amount":700,"currency":"EUR"}`
-	if res, b := c.post("/payments?provider=down", "alice", "order-5", body); res.StatusCode != http.StatusBadGateway {
+	if res, b := c.post("/payments?provider=down", aliceToken, "order-5", body); res.StatusCode != http.StatusBadGateway {
 		t.Fatalf("provider down: %d %s", res.StatusCode, b)
 	}
 	if n := payments(t, db, "alice", "order-5"); n != 0 {
@@ -224,7 +225,7 @@ func TestPostgresProviderFailureRollsBack(t *testing.T) {
 	if err := db.QueryRow(context.Background(), `SELECT is_called FROM payments_id_seq`).Scan(&taken); err != nil || !taken {
 		t.Fatalf("the 502's INSERT did not run (is_called %v, %v)", taken, err)
 	}
-	res, b := c.post("/payments", "alice", "order-5", body)
+	res, b := c.post("/payments", aliceToken, "order-5", body)
 	if res.StatusCode != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry: %d %v %s", res.StatusCode, res.Header, b)
 	}

@@ -34,13 +34,13 @@ func TestTwoServersShareRedis(t *testing.T) {
 	}
 	key := "order-" + redistest.Prefix() // unique on a shared REDIS_ADDR
 	const body = `{"amount":1999,"currency":"EUR"}`
-	first, firstBody := client{t, urls[0]}.post("/payments", "alice", key, body)
+	first, firstBody := client{t, urls[0]}.post("/payments", aliceToken, key, body)
 	// The first server stores the record once its client has the response:
 	// a duplicate in that moment gets 409, as a retrying client would.
-	second, secondBody := client{t, urls[1]}.post("/payments", "alice", key, body)
+	second, secondBody := client{t, urls[1]}.post("/payments", aliceToken, key, body)
 	for deadline := time.Now().Add(5 * time.Second); second.StatusCode == 409 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
-		second, secondBody = client{t, urls[1]}.post("/payments", "alice", key, body)
+		second, secondBody = client{t, urls[1]}.post("/payments", aliceToken, key, body)
 	}
 	if first.StatusCode != 201 || second.StatusCode != 201 {
 		t.Fatalf("statuses %d %d", first.StatusCode, second.StatusCode)

@@ -14,6 +14,10 @@
 // payment's key, attempts and whether the answer was a replay, compares the
 // server's execution count before and after, and exits with status 1 when the
 // server executed a different number of payments than were sent.
+//
+// Every attempt carries the same bearer token (-token; chi-server knows
+// alice-token and bob-token): the server scopes keys to the user the token
+// authenticates, so a retry finds its own payment's record.
 package main
 
 import (
@@ -54,7 +58,7 @@ type options struct {
 	server   string
 	n        int
 	drop     float64
-	user     string
+	token    string
 	seed     uint64
 	attempts int
 	timeout  time.Duration
@@ -66,7 +70,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.server, "server", "http://127.0.0.1:8080", "base URL of examples/chi-server")
 	fs.IntVar(&o.n, "n", 20, "number of payments to send")
 	fs.Float64Var(&o.drop, "drop", 0.3, "probability that the proxy loses an answer (0 to 1)")
-	fs.StringVar(&o.user, "user", "alice", "X-User header: the principal keys are scoped to")
+	fs.StringVar(&o.token, "token", "alice-token", "bearer token of the user the payments are made for (chi-server: alice-token or bob-token)")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the proxy's random drops (0: random)")
 	fs.IntVar(&o.attempts, "attempts", 8, "maximum attempts per payment")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "time limit per payment, retries included")
@@ -84,8 +88,8 @@ func parseFlags(args []string) (options, error) {
 		return o, errors.New("-attempts must be at least 1")
 	case o.timeout <= 0:
 		return o, errors.New("-timeout must be positive")
-	case o.user == "":
-		return o, errors.New("-user must not be empty")
+	case o.token == "":
+		return o, errors.New("-token must not be empty")
 	}
 	if o.seed == 0 {
 		o.seed = rand.Uint64()
@@ -181,7 +185,7 @@ func pay(ctx context.Context, hc *http.Client, payURL string, o options, amount 
 		return "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-User", o.user)
+	req.Header.Set("Authorization", "Bearer "+o.token)
 
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -82,17 +84,67 @@ func TestProxyRelaysWhenNotDropping(t *testing.T) {
 	}
 }
 
-// protected wraps paymentsAPI's POST /payments in the middleware, configured
-// as examples/chi-server does.
-func protected(t *testing.T, executed *atomic.Int64) http.Handler {
+// tokens is examples/chi-server's table of bearer tokens and their users.
+var tokens = map[string]string{"alice-token": "alice", "bob-token": "bob"}
+
+type userKey struct{}
+
+// authenticate is examples/chi-server's authentication: it verifies the
+// bearer token and puts its user in the request's context, or answers 401.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		u, known := tokens[token]
+		if !ok || !known {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
+	})
+}
+
+// payers counts the payments executed per user.
+type payers struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (p *payers) add(user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == nil {
+		p.n = map[string]int{}
+	}
+	p.n[user]++
+}
+
+// counts returns a copy of the counts.
+func (p *payers) counts() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.n)
+}
+
+// protected wraps paymentsAPI's POST /payments in authentication and the
+// middleware, configured as examples/chi-server does: keys are scoped to
+// the authenticated user, and paid counts each user's payments.
+func protected(t *testing.T, executed *atomic.Int64, paid *payers) http.Handler {
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	idem := idempotency.New(store,
 		idempotency.WithKeyRequired(true),
-		idempotency.WithKeyScope(func(r *http.Request) string { return r.Header.Get("X-User") }),
+		idempotency.WithKeyScope(func(r *http.Request) string {
+			u, _ := r.Context().Value(userKey{}).(string)
+			return u
+		}),
 	)
 	api := paymentsAPI(executed)
-	pay := idem(api)
+	count := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paid.add(r.Context().Value(userKey{}).(string))
+		api.ServeHTTP(w, r)
+	})
+	pay := authenticate(idem(count))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			pay.ServeHTTP(w, r)
@@ -104,15 +156,19 @@ func protected(t *testing.T, executed *atomic.Int64) http.Handler {
 
 func TestExactlyOnceThroughLostAnswers(t *testing.T) {
 	var executed atomic.Int64
-	srv := httptest.NewServer(protected(t, &executed))
+	var paid payers
+	srv := httptest.NewServer(protected(t, &executed, &paid))
 	t.Cleanup(srv.Close)
 	var out strings.Builder
-	err := run(context.Background(), []string{"-server", srv.URL, "-n", "12", "-drop", "0.5", "-seed", "3"}, &out)
+	err := run(context.Background(), []string{"-server", srv.URL, "-n", "12", "-drop", "0.5", "-seed", "3", "-token", "bob-token"}, &out)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "server executed 12 payments for 12 sent") || executed.Load() != 12 {
 		t.Errorf("executed %d; output:\n%s", executed.Load(), out.String())
+	}
+	if n := paid.counts(); len(n) != 1 || n["bob"] != 12 {
+		t.Errorf("payments per user %v, want bob's 12", n)
 	}
 	if !strings.Contains(out.String(), "yes") || strings.Contains(out.String(), " 0 answers lost") {
 		t.Errorf("no answer was lost and replayed; output:\n%s", out.String())
@@ -132,6 +188,23 @@ func TestDetectsDuplicateExecutions(t *testing.T) {
 	}
 	if executed.Load() <= 10 {
 		t.Errorf("executed %d, want duplicates", executed.Load())
+	}
+}
+
+// A token the server does not know is refused, on every payment, before
+// anything runs.
+func TestUnknownTokenRefused(t *testing.T) {
+	var executed atomic.Int64
+	var paid payers
+	srv := httptest.NewServer(protected(t, &executed, &paid))
+	t.Cleanup(srv.Close)
+	var out strings.Builder
+	err := run(context.Background(), []string{"-server", srv.URL, "-n", "3", "-drop", "0", "-token", "alice"}, &out)
+	if err == nil || !strings.Contains(out.String(), "401 Unauthorized") {
+		t.Fatalf("err = %v, want 401s; output:\n%s", err, out.String())
+	}
+	if n := paid.counts(); executed.Load() != 0 || len(n) != 0 {
+		t.Errorf("executed %d (%v) with an unknown token", executed.Load(), n)
 	}
 }
 
@@ -155,7 +228,7 @@ func TestBadFlags(t *testing.T) {
 		{"-drop", "-0.1"},
 		{"-attempts", "0"},
 		{"-timeout", "0s"},
-		{"-user", ""},
+		{"-token", ""},
 		{"-server", "https://127.0.0.1:1"},
 		{"-server", "::"},
 		{"extra"},

@@ -1,6 +1,7 @@
 package reliability_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/internal/reliability"
+	"github.com/go-idempotency/idempotency/memstore"
 )
 
 // faultRig is a middleware over Redis reached through a fault proxy.
@@ -61,11 +63,28 @@ func (rig *faultRig) retryPast409(t *testing.T, key, body string) answer {
 	return retryPast409(t, func() answer { return rig.post(key, body) })
 }
 
-// fingerprint is the default fingerprint of a POST /pay with body, as the
-// acquire script receives it.
+// fingerprint is the fingerprint the middleware sends with default options
+// for a POST /pay with body, as the acquire script receives it: learnt from
+// such a request through the middleware, since it covers the route too.
 func fingerprint(body string) []byte {
-	r := httptest.NewRequest(http.MethodPost, "/pay", nil)
-	return []byte(idempotency.DefaultFingerprint(r, []byte(body)))
+	store := &fingerprintStore{Store: memstore.New()}
+	defer store.Store.(*memstore.Store).Close()
+	h := idempotency.New(store)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(body))
+	r.Header.Set(idempotency.HeaderKey, "probe")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	return []byte(store.fingerprint)
+}
+
+// fingerprintStore keeps the fingerprint of the last Acquire.
+type fingerprintStore struct {
+	idempotency.Store
+	fingerprint string
+}
+
+func (s *fingerprintStore) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	s.fingerprint = req.Fingerprint
+	return s.Store.Acquire(ctx, req)
 }
 
 func TestFaultCutDuringAcquire(t *testing.T) {

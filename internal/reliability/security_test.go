@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,12 +59,78 @@ func TestScopedKeysNeverCross(t *testing.T) {
 			t.Errorf("alice's own duplicate: %v", again)
 			violations++
 		}
-		// An empty scope is a scope of its own, not a wildcard.
-		if anon := post("", "shared-key", "card=alice"); anon.replayed {
-			t.Errorf("a request without a user got alice's response: %v", anon)
+		// A request without a principal is refused, never given a key
+		// space shared by all such requests.
+		if anon := post("", "shared-key", "card=alice"); anon.replayed || anon.status != http.StatusForbidden || anon.code != "scope_missing" {
+			t.Errorf("a request without a user: %v, want 403 scope_missing", anon)
 			violations++
 		}
 		reliability.Report(t, reliability.Result{Scenario: "security: scoped keys never cross", Store: name,
+			Operations: ops, Violations: violations})
+	})
+}
+
+// TestReplayAnswersOnlyItsRoute: a key sent to another route, whether the
+// fingerprint is the default or a custom one that ignores the route, and
+// whether the routes are told apart by their paths or only by a prefix
+// that http.StripPrefix removed, is refused with 422 and never answered
+// with the other route's response; headers that middleware in front set
+// for a request are never replaced by those of the request that made the
+// record.
+func TestReplayAnswersOnlyItsRoute(t *testing.T) {
+	bothStores(t, func(t *testing.T, name string, s idempotency.Store) {
+		const keys = 20
+		var ops, violations int64
+		check := func(ok bool, format string, args ...any) {
+			if !ok {
+				t.Errorf(format, args...)
+				violations++
+			}
+		}
+		var seq atomic.Int64
+		outer := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("X-Request-Id", fmt.Sprint("req-", seq.Add(1)))
+				w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+				next.ServeHTTP(w, r)
+			})
+		}
+		ex := newExecutions()
+		bodyOnly := idempotency.WithFingerprint(func(_ *http.Request, body []byte) string { return string(body) })
+		mux := http.NewServeMux()
+		mux.Handle("POST /payments", idempotency.New(s, bodyOnly)(echoHandler(ex, nil)))
+		mux.Handle("POST /refunds", idempotency.New(s, bodyOnly)(echoHandler(ex, nil)))
+		mux.Handle("/v1/", http.StripPrefix("/v1", idempotency.New(s)(echoHandler(ex, nil))))
+		mux.Handle("/v2/", http.StripPrefix("/v2", idempotency.New(s)(echoHandler(ex, nil))))
+		srv, client := serve(t, outer(mux))
+		for i := range keys {
+			for _, pair := range [][2]string{{"/payments", "/refunds"}, {"/v1/payments", "/v2/payments"}} {
+				key := fmt.Sprintf("%s-%d", pair[0], i)
+				ops += 3
+				first := postKey(client, srv.URL+pair[0], key, "amount=10", "Origin", "https://a.example")
+				check(first.status == http.StatusCreated, "%s %s: %v", pair[0], key, first)
+				other := postKey(client, srv.URL+pair[1], key, "amount=10")
+				check(!other.replayed && other.status == http.StatusUnprocessableEntity && other.code == "fingerprint_mismatch",
+					"%s with %s's key: %v, want 422 fingerprint_mismatch", pair[1], pair[0], other)
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+pair[0], strings.NewReader("amount=10"))
+				req.Header.Set(idempotency.HeaderKey, key)
+				req.Header.Set("Origin", "https://evil.example")
+				res, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				check(res.Header.Get(idempotency.HeaderReplayed) == "true" && string(body) == first.body,
+					"%s duplicate: %d %q, want the replay of %q", pair[0], res.StatusCode, body, first.body)
+				check(len(res.Header.Values("X-Request-Id")) == 1 && res.Header.Get("X-Request-Id") == fmt.Sprint("req-", seq.Load()),
+					"%s duplicate carries X-Request-Id %q, not its own", pair[0], res.Header.Values("X-Request-Id"))
+				check(res.Header.Get("Access-Control-Allow-Origin") == "https://evil.example",
+					"%s duplicate carries Access-Control-Allow-Origin %q, not its own", pair[0], res.Header.Values("Access-Control-Allow-Origin"))
+				check(ex.of(key) == 1, "%s ran %d times", key, ex.of(key))
+			}
+		}
+		reliability.Report(t, reliability.Result{Scenario: "security: a replay answers only its route and request", Store: name,
 			Operations: ops, Violations: violations})
 	})
 }
@@ -274,9 +341,9 @@ func TestNoClientBytesInRedisNames(t *testing.T) {
 	}
 	// A held request and a waiter on it keep a channel subscribed.
 	held := make(chan answer, 2)
-	go func() { held <- postKey(client, hs.URL, "{held}", "b", "X-Hold", "1") }()
+	go func() { held <- postKey(client, hs.URL, "{held}", "b", "X-Hold", "1", "X-Tenant", "{t}") }()
 	g.waitEntered(t)
-	go func() { held <- postKey(client, hs.URL, "{held}", "b") }()
+	go func() { held <- postKey(client, hs.URL, "{held}", "b", "X-Tenant", "{t}") }()
 	var channels []string
 	waitUntil(t, 5*time.Second, "a waiter's subscription", func() bool {
 		channels, _ = c.PubSubChannels(context.Background(), "*").Result()

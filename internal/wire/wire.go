@@ -8,7 +8,8 @@
 //
 //	version   1 byte, MetaVersion
 //	status    uvarint, 200..599
-//	flags     1 byte: bit 0 = body omitted; other bits zero
+//	flags     1 byte: bit 0 = body omitted, bit 1 = headers omitted
+//	          (only with bit 0, and with no headers); other bits zero
 //	headers   uvarint count, then per header name:
 //	            uvarint length, name bytes,
 //	            uvarint count of values, then per value: uvarint length, bytes
@@ -31,7 +32,10 @@ import (
 // MetaVersion is the first byte of every meta block.
 const MetaVersion = 1
 
-const flagBodyOmitted = 1 << 0
+const (
+	flagBodyOmitted   = 1 << 0
+	flagHeaderOmitted = 1 << 1
+)
 
 // ErrUnstorable reports a Response that has no meta block: nil, or with a
 // status outside 200..599. Stores wrap it in their own error.
@@ -41,8 +45,10 @@ var ErrUnstorable = errors.New("response cannot be stored")
 func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // AppendMeta appends the meta block of resp to b. Header names are written
-// in sorted order so equal responses encode to equal bytes. When b has no
-// room, the block is built in one allocation of its exact size.
+// in sorted order so equal responses encode to equal bytes. A response
+// marked HeaderOmitted is written without headers and marked BodyOmitted
+// too. When b has no room, the block is built in one allocation of its
+// exact size.
 func AppendMeta(b []byte, resp *idempotency.Response) ([]byte, error) {
 	if resp == nil {
 		return b, fmt.Errorf("%w: nil response", ErrUnstorable)
@@ -50,10 +56,14 @@ func AppendMeta(b []byte, resp *idempotency.Response) ([]byte, error) {
 	if resp.Status < 200 || resp.Status > 599 {
 		return b, fmt.Errorf("%w: status %d outside 200..599", ErrUnstorable, resp.Status)
 	}
+	header := resp.Header
+	if resp.HeaderOmitted {
+		header = nil
+	}
 	var buf [16]string
 	names := buf[:0]
-	size := 1 + uvarintLen(uint64(resp.Status)) + 1 + uvarintLen(uint64(len(resp.Header)))
-	for name, values := range resp.Header {
+	size := 1 + uvarintLen(uint64(resp.Status)) + 1 + uvarintLen(uint64(len(header)))
+	for name, values := range header {
 		names = append(names, name)
 		size += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(values)))
 		for _, v := range values {
@@ -66,8 +76,11 @@ func AppendMeta(b []byte, resp *idempotency.Response) ([]byte, error) {
 	b = append(b, MetaVersion)
 	b = binary.AppendUvarint(b, uint64(resp.Status))
 	var flags byte
-	if resp.BodyOmitted {
+	if resp.BodyOmitted || resp.HeaderOmitted {
 		flags |= flagBodyOmitted
+	}
+	if resp.HeaderOmitted {
+		flags |= flagHeaderOmitted
 	}
 	b = append(b, flags)
 	b = binary.AppendUvarint(b, uint64(len(names)))
@@ -114,13 +127,23 @@ func Decode(meta, body string) (*idempotency.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if flags&^flagBodyOmitted != 0 {
+	if flags&^(flagBodyOmitted|flagHeaderOmitted) != 0 {
 		return nil, decodeError("unknown flags %#x", flags)
 	}
-	resp := &idempotency.Response{Status: int(status), BodyOmitted: flags&flagBodyOmitted != 0}
+	resp := &idempotency.Response{
+		Status:        int(status),
+		BodyOmitted:   flags&flagBodyOmitted != 0,
+		HeaderOmitted: flags&flagHeaderOmitted != 0,
+	}
+	if resp.HeaderOmitted && !resp.BodyOmitted {
+		return nil, decodeError("headers marked omitted without the body")
+	}
 	n, err := d.count("header count")
 	if err != nil {
 		return nil, err
+	}
+	if resp.HeaderOmitted && n != 0 {
+		return nil, decodeError("headers present but marked omitted")
 	}
 	// One array holds the values of all headers while they fit (most
 	// headers have one value); each header's slice is capped at its own
