@@ -619,4 +619,3 @@ func TestMaxmemoryLargeResponseOverHTTP(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }
-
