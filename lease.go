@@ -15,6 +15,14 @@ import (
 // can steal the record.
 func leaseGuard(length time.Duration) time.Duration { return length / 10 }
 
+// heartbeat is the interval of the heartbeat: a lease is extended a third
+// of a lease after it was taken or last extended, so that a failed extend
+// leaves time for another before the lease runs out. It is also the time
+// the store calls made outside the heartbeat are given (a release, a
+// transaction's begin, and at least that for the calls after the handler):
+// as long as the heartbeat gives one extend.
+func heartbeat(length time.Duration) time.Duration { return length / 3 }
+
 // minLeaseToStart is the part of a lease that must be left for the handler
 // to start: an acquire that took longer than half the lease (a stalled
 // store, a client library retrying) is not used.
@@ -56,7 +64,7 @@ func (l *lease) start(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.end = sent.Add(l.length - leaseGuard(l.length))
-	l.timer = time.AfterFunc(time.Until(sent.Add(l.length/3)), l.beat)
+	l.timer = time.AfterFunc(time.Until(sent.Add(heartbeat(l.length))), l.beat)
 }
 
 // beat extends the lease, or ends it when it has run out.
@@ -100,14 +108,14 @@ func (l *lease) beat() {
 	switch {
 	case err == nil:
 		l.end = sent.Add(l.length - leaseGuard(l.length))
-		l.timer.Reset(time.Until(sent.Add(l.length / 3)))
+		l.timer.Reset(time.Until(sent.Add(heartbeat(l.length))))
 	case errors.Is(err, ErrLeaseLost):
 		l.loseLocked(err)
 	default:
 		// Try again before the lease runs out; the timer still ends it.
 		l.extendErr = err
 		left := time.Until(l.end)
-		l.timer.Reset(min(l.length/3, max(left/2, l.length/20), left))
+		l.timer.Reset(min(heartbeat(l.length), max(left/2, l.length/20), left))
 	}
 }
 
@@ -138,7 +146,7 @@ func (l *lease) stop() (lost, extendErr error) {
 func (l *lease) storeDeadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return later(l.end, time.Now().Add(l.length/3))
+	return later(l.end, time.Now().Add(heartbeat(l.length)))
 }
 
 func later(a, b time.Time) time.Time {

@@ -233,7 +233,7 @@ func (rq *request) execute(acq Acquisition) {
 // refuseSlowLease releases a lease whose acquire took so long that too
 // little of it is left to run the handler, and answers 503.
 func (rq *request) refuseSlowLease(took time.Duration) {
-	ctx, cancel := context.WithTimeout(rq.storeContext(), rq.h.cfg.lease/3)
+	ctx, cancel := context.WithTimeout(rq.storeContext(), heartbeat(rq.h.cfg.lease))
 	err := rq.release(ctx)
 	cancel()
 	if err != nil {
@@ -342,7 +342,7 @@ func (rq *request) releaseAfterHandler(ctx context.Context, lost error) {
 // beginTx begins the request's transaction on a transactional route. When
 // it cannot, it releases the key, answers 503 and reports false.
 func (rq *request) beginTx() (Tx, bool) {
-	ctx, cancel := context.WithTimeout(rq.storeContext(), rq.h.cfg.lease/3)
+	ctx, cancel := context.WithTimeout(rq.storeContext(), heartbeat(rq.h.cfg.lease))
 	defer cancel()
 	tx, err := rq.h.store.(TxStore).BeginTx(ctx, rq.claim.Key, rq.claim.Token)
 	if err == nil {
