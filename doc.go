@@ -14,8 +14,15 @@
 // extend by the lease's end and cancels the handler's context (with a cause
 // wrapping ErrLeaseLost) before another request could take the record over.
 //
-// Records live in a Store: package memstore is the in-process store and
-// package redisstore keeps them in Redis (single node, Sentinel or Cluster).
+// Do gives any function the same guarantee: it runs once per key, its
+// result is stored and replayed to duplicates, an error releases the key.
+// The middleware and Do share one implementation of the record's lease,
+// heartbeat, fencing and completion.
+//
+// Records live in a Store: package memstore is the in-process store,
+// package redisstore keeps them in Redis (single node, Sentinel or
+// Cluster) and package pgstore in PostgreSQL, where a handler's or a
+// function's own writes can commit with the record (WithTransaction).
 //
 // Without WithKeyScope, anyone who learns a key can read the response stored
 // under it: scope keys to the authenticated principal.

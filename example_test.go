@@ -129,3 +129,32 @@ func ExampleParseKey() {
 	// "order-42" <nil>
 	// "" idempotency: invalid key: bad quoting: a quoted key must end with '"' and escape only '"' and '\'
 }
+
+// Do runs any function once per key: here a charge keyed by its order. The
+// second call with the same key and payload gets the first one's result,
+// replayed, and the charge runs once.
+func ExampleDo() {
+	store := memstore.New()
+	defer store.Close()
+	charges := idempotency.NewRunner(store)
+
+	type receipt struct{ ID string }
+	n := 0
+	charge := func(ctx context.Context) (receipt, error) {
+		n++ // charge the card here
+		return receipt{ID: fmt.Sprint("ch_", n)}, nil
+	}
+	c := idempotency.Call{Name: "charge", Key: "order-1001", Payload: []byte(`{"amount":1999}`)}
+	for range 2 {
+		res, err := idempotency.Do(context.Background(), charges, c, charge)
+		fmt.Println(res.Value.ID, res.Replayed, err)
+	}
+	// A different payload under the same key is refused.
+	c.Payload = []byte(`{"amount":5000}`)
+	_, err := idempotency.Do(context.Background(), charges, c, charge)
+	fmt.Println(err)
+	// Output:
+	// ch_1 false <nil>
+	// ch_1 true <nil>
+	// idempotency: key used with a different call
+}

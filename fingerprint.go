@@ -84,14 +84,19 @@ func addressedPath(r *http.Request) string {
 	return u
 }
 
-// identity returns the storage key of (scope, key), a fresh lease token and
-// the request's identity: its route and fingerprint (see requestIdentity).
-func (c *config) identity(r *http.Request, scope, key string, body []byte) (storageKey, token, fingerprint string) {
-	fp := c.fingerprint
-	if fp == nil {
-		fp = DefaultFingerprint
+// claim returns the AcquireRequest of a caller's attempt at the record of
+// (scope, key), made by a request or call with fingerprint: a fresh lease
+// token, the configured lease and TTL.
+func (c *config) claim(scope, key, fingerprint string) AcquireRequest {
+	return AcquireRequest{Key: StorageKey(scope, key), Token: newToken(), Fingerprint: fingerprint, Lease: c.lease, TTL: c.ttl}
+}
+
+// fingerprintOf returns the configured fingerprint of r with body.
+func (c *config) fingerprintOf(r *http.Request, body []byte) string {
+	if c.fingerprint == nil {
+		return DefaultFingerprint(r, body)
 	}
-	return StorageKey(scope, key), newToken(), requestIdentity(r.Method, addressedPath(r), fp(r, body))
+	return c.fingerprint(r, body)
 }
 
 // A lease token is a random per-process prefix and a counter: unique without

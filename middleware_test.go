@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 	"github.com/go-idempotency/idempotency/internal/reliability"
 	"github.com/go-idempotency/idempotency/memstore"
 )
@@ -553,28 +554,10 @@ func TestClientGoneBeforeAcquire(t *testing.T) {
 	}
 }
 
-// fakeClock is a controllable clock for memstore.WithClock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestPerRouteOptions: two middlewares on one store, each with its own TTL
 // and key requirement, as chi's r.With gives each route.
 func TestPerRouteOptions(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	store := newMemStore(t, memstore.WithClock(clock.Now))
 	short, long := &counter{}, &counter{}
 	shortRoute := idempotency.New(store, idempotency.WithTTL(time.Minute))(short)

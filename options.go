@@ -33,12 +33,49 @@ type config struct {
 	observer        func(context.Context, Event)
 	logger          *slog.Logger
 	route           func(*http.Request) string
+	codec           Codec
+
+	// The options given that apply to the middleware only, or to Do only:
+	// the other constructor refuses them.
+	httpOnly, functionOnly []string
+}
+
+// Defaults of WithTTL and WithLease.
+const (
+	DefaultTTL   = 24 * time.Hour
+	DefaultLease = 10 * time.Second
+)
+
+// newConfig applies opts to the defaults for the constructor named ctor. It
+// panics when store is nil, and when a transactional route has a store
+// that is not a TxStore.
+func newConfig(ctor string, store Store, opts []Option) config {
+	if store == nil {
+		panic("idempotency: " + ctor + " needs a Store")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if _, ok := store.(TxStore); cfg.transaction && !ok {
+		panic("idempotency: WithTransaction needs a TxStore")
+	}
+	return cfg
+}
+
+// httpOption returns an option of the middleware only, named name: it sets
+// what set does, and Runner refuses it.
+func httpOption(name string, set func(*config)) Option {
+	return func(c *config) {
+		c.httpOnly = append(c.httpOnly, name)
+		set(c)
+	}
 }
 
 func defaultConfig() config {
 	return config{
-		ttl:             24 * time.Hour,
-		lease:           10 * time.Second,
+		ttl:             DefaultTTL,
+		lease:           DefaultLease,
 		methods:         []string{http.MethodPost, http.MethodPatch},
 		maxRequestBody:  1 << 20,
 		maxResponseBody: 1 << 20,
@@ -101,14 +138,14 @@ func WithMethods(methods ...string) Option {
 		panic("idempotency: WithMethods needs at least one method")
 	}
 	m := append([]string(nil), methods...)
-	return func(c *config) { c.methods = m }
+	return httpOption("WithMethods", func(c *config) { c.methods = m })
 }
 
 // WithKeyRequired makes the key mandatory on covered methods: a request
 // without one gets 400 (code key_required).
 // Default: false (a request without a key passes through unprotected).
 func WithKeyRequired(required bool) Option {
-	return func(c *config) { c.keyRequired = required }
+	return httpOption("WithKeyRequired", func(c *config) { c.keyRequired = required })
 }
 
 // WithKeyScope maps a request to the principal that owns its keys (a user or
@@ -128,7 +165,7 @@ func WithKeyScope(scope func(*http.Request) string) Option {
 	if scope == nil {
 		panic("idempotency: WithKeyScope needs a function")
 	}
-	return func(c *config) { c.keyScope = scope }
+	return httpOption("WithKeyScope", func(c *config) { c.keyScope = scope })
 }
 
 // WithUnscopedKeys lets keyed requests for which the WithKeyScope function
@@ -137,7 +174,7 @@ func WithKeyScope(scope func(*http.Request) string) Option {
 // response stored under it. Keys of principals never meet it.
 // Default: false (such a request gets 403 scope_missing).
 func WithUnscopedKeys(allow bool) Option {
-	return func(c *config) { c.unscopedKeys = allow }
+	return httpOption("WithUnscopedKeys", func(c *config) { c.unscopedKeys = allow })
 }
 
 // WithFingerprint replaces the function that identifies a request's
@@ -151,7 +188,7 @@ func WithFingerprint(f FingerprintFunc) Option {
 	if f == nil {
 		panic("idempotency: WithFingerprint needs a function")
 	}
-	return func(c *config) { c.fingerprint = f }
+	return httpOption("WithFingerprint", func(c *config) { c.fingerprint = f })
 }
 
 // WithMaxRequestBody caps the request body the middleware reads to
@@ -161,7 +198,7 @@ func WithMaxRequestBody(n int64) Option {
 	if n < 0 {
 		panic("idempotency: WithMaxRequestBody needs a non-negative size")
 	}
-	return func(c *config) { c.maxRequestBody = n }
+	return httpOption("WithMaxRequestBody", func(c *config) { c.maxRequestBody = n })
 }
 
 // WithMaxResponseBody caps the response body that is stored. A larger
@@ -194,7 +231,7 @@ func WithMaxResponseHeader(n int64) Option {
 	if n < 0 || n > math.MaxInt32 {
 		panic("idempotency: WithMaxResponseHeader needs a size from 0 to 2 GiB")
 	}
-	return func(c *config) { c.maxHeader = int(n) }
+	return httpOption("WithMaxResponseHeader", func(c *config) { c.maxHeader = int(n) })
 }
 
 // WithStoredHeaders restricts the response headers that are stored, and so
@@ -215,14 +252,14 @@ func WithStoredHeaders(names ...string) Option {
 		}
 		only[textproto.CanonicalMIMEHeaderKey(n)] = true
 	}
-	return func(c *config) { c.headers.only = only }
+	return httpOption("WithStoredHeaders", func(c *config) { c.headers.only = only })
 }
 
 // WithStoreSetCookie stores Set-Cookie headers with the response, so that
 // replays send them too. Only turn it on for keys scoped to one principal.
 // Default: false.
 func WithStoreSetCookie(store bool) Option {
-	return func(c *config) { c.headers.setCookie = store }
+	return httpOption("WithStoreSetCookie", func(c *config) { c.headers.setCookie = store })
 }
 
 // WithReleaseStatus sets which response statuses release the key instead of
@@ -232,7 +269,7 @@ func WithReleaseStatus(release func(status int) bool) Option {
 	if release == nil {
 		panic("idempotency: WithReleaseStatus needs a function")
 	}
-	return func(c *config) { c.releaseStatus = release }
+	return httpOption("WithReleaseStatus", func(c *config) { c.releaseStatus = release })
 }
 
 // WithFailOpen sets what happens when the store cannot be reached at
@@ -268,7 +305,7 @@ func WithProblemTypeBase(base string) Option {
 	if base == "" {
 		panic("idempotency: WithProblemTypeBase needs a URL")
 	}
-	return func(c *config) { c.problemTypeBase = base }
+	return httpOption("WithProblemTypeBase", func(c *config) { c.problemTypeBase = base })
 }
 
 // WithErrorHandler replaces the function that writes problem responses.
@@ -277,7 +314,7 @@ func WithErrorHandler(h ErrorHandler) Option {
 	if h == nil {
 		panic("idempotency: WithErrorHandler needs a function")
 	}
-	return func(c *config) { c.errorHandler = h }
+	return httpOption("WithErrorHandler", func(c *config) { c.errorHandler = h })
 }
 
 // WithObserver sets a function called with every Event (see EventKind) and
@@ -313,5 +350,5 @@ func WithRoute(route func(*http.Request) string) Option {
 	if route == nil {
 		panic("idempotency: WithRoute needs a function")
 	}
-	return func(c *config) { c.route = route }
+	return httpOption("WithRoute", func(c *config) { c.route = route })
 }

@@ -10,27 +10,27 @@ import (
 // again (a skewed clock, a corrupt record) is not polled in a loop.
 const minRecheck = 25 * time.Millisecond
 
-// wait is wait mode: it waits for the record held by another request to be
+// wait is wait mode: it waits for the record held by another caller to be
 // completed or released, re-checking on every notification and, as a
 // fallback, when the holder's lease runs out. Every store call it makes is
 // bounded by the wait bound, so a store that stops answering (a frozen
 // node holding the subscription) cannot hold the waiter past it. It
 // returns the last acquisition, which is still InFlight when the wait bound
 // passed.
-func (rq *request) wait(acq Acquisition) (Acquisition, error) {
-	ctx, cancel := context.WithTimeout(rq.r.Context(), rq.h.cfg.wait)
+func (a *attempt) wait(acq Acquisition) (Acquisition, error) {
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.wait)
 	defer cancel()
 	recheck := time.NewTimer(max(acq.LeaseRemaining, minRecheck))
 	defer recheck.Stop()
 	for {
-		changed, stop, err := rq.h.store.Watch(ctx, rq.claim.Key)
+		changed, stop, err := a.store.Watch(ctx, a.claim.Key)
 		if err != nil {
 			// Without notifications, fall back to re-checking when the
 			// holder's lease runs out.
 			changed, stop = nil, func() {}
 		}
-		next, err := rq.acquire(ctx)
-		if err != nil && ctx.Err() != nil && rq.r.Context().Err() == nil {
+		next, err := a.send(ctx)
+		if err != nil && ctx.Err() != nil && a.ctx.Err() == nil {
 			stop()
 			return acq, nil // the bound passed: the last answer stands
 		}
@@ -45,7 +45,7 @@ func (rq *request) wait(acq Acquisition) (Acquisition, error) {
 		case <-recheck.C:
 		case <-ctx.Done():
 			stop()
-			if err := context.Cause(rq.r.Context()); err != nil {
+			if err := context.Cause(a.ctx); err != nil {
 				return acq, err
 			}
 			return acq, nil

@@ -1,6 +1,6 @@
 module github.com/go-idempotency/idempotency/benchmarks
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/go-idempotency/idempotency v0.0.0
@@ -10,6 +10,7 @@ require (
 )
 
 require (
+	github.com/aclements/go-moremath v0.0.0-20210112150236-f10218a38794 // indirect
 	github.com/andybalholm/brotli v1.1.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -27,9 +28,14 @@ require (
 	github.com/valyala/fasthttp v1.51.0 // indirect
 	github.com/valyala/tcplisten v1.0.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
-	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.30.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/perf v0.0.0-20260908200009-22c9c6c9d4da // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 )
 
 replace github.com/go-idempotency/idempotency => ../
+
+// The report compares its measurements with benchstat, run as go tool
+// benchstat at the version pinned here.
+tool golang.org/x/perf/cmd/benchstat

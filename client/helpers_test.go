@@ -10,22 +10,20 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 )
 
-// fakeClock is a controllable clock: sleep advances it at once and records
+// fakeClock is a fake clock whose sleep advances it at once and records
 // the delay.
 type fakeClock struct {
+	*fakeclock.Clock
 	mu    sync.Mutex
-	t     time.Time
 	slept []time.Duration
 }
 
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
+func newFakeClock() *fakeClock {
+	return &fakeClock{Clock: fakeclock.New(time.Unix(1_700_000_000, 0))}
 }
 
 func (c *fakeClock) sleep(ctx context.Context, d time.Duration) error {
@@ -34,7 +32,7 @@ func (c *fakeClock) sleep(ctx context.Context, d time.Duration) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
+	c.Advance(d)
 	c.slept = append(c.slept, d)
 	return nil
 }
@@ -49,7 +47,7 @@ func (c *fakeClock) delays() []time.Duration {
 // ceiling, so delays are deterministic.
 func newTestTransport(base http.RoundTripper, clock *fakeClock, opts ...Option) *Transport {
 	tr := NewTransport(base, opts...)
-	tr.now = clock.now
+	tr.now = clock.Now
 	tr.sleep = clock.sleep
 	tr.jitter = func(c time.Duration) time.Duration { return c }
 	return tr

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 	"github.com/go-idempotency/idempotency/memstore"
 	"github.com/go-idempotency/idempotency/storetest"
 )
@@ -24,9 +25,9 @@ func TestConformance(t *testing.T) {
 }
 
 // newStore returns a store on a fake clock, closed when the test ends.
-func newStore(t *testing.T, opts ...memstore.Option) (*memstore.Store, *fakeClock) {
+func newStore(t *testing.T, opts ...memstore.Option) (*memstore.Store, *fakeclock.Clock) {
 	t.Helper()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	s := memstore.New(append([]memstore.Option{memstore.WithClock(clock.Now)}, opts...)...)
 	t.Cleanup(func() { s.Close() })
 	return s, clock

@@ -89,3 +89,23 @@ func ExampleSchema() {
 	// CREATE INDEX IF NOT EXISTS "idempotency_records_expires_at_idx"
 	// CREATE OR REPLACE FUNCTION "billing"."idempotency_records_acquire"(
 }
+
+// Transactional completion for any function: a message consumer applies a
+// payment once per business key, its row and the key's record committed
+// together.
+func ExampleTxFromContext_function() {
+	var store *pgstore.Store // from pgstore.New
+	apply := idempotency.NewRunner(store, idempotency.WithTransaction(true))
+
+	handle := func(ctx context.Context, paymentID string, body []byte) error {
+		c := idempotency.Call{Name: "payment.apply", Key: paymentID, Payload: body}
+		_, err := idempotency.Do(ctx, apply, c, func(ctx context.Context) (int64, error) {
+			tx, _ := pgstore.TxFromContext(ctx)
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO ledger (payment_id) VALUES ($1) RETURNING id`, paymentID).Scan(&id)
+			return id, err // an error rolls back and releases the key
+		})
+		return err // nil: applied now, or before (a replay)
+	}
+	_ = handle
+}

@@ -4,10 +4,8 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"regexp"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency/internal/pgname"
@@ -29,10 +27,6 @@ const (
 // maxIdentifier is PostgreSQL's longest identifier, in bytes (NAMEDATALEN-1).
 const maxIdentifier = pgname.MaxLen
 
-// identifierPart is one part of a table name: a letter or underscore, then
-// letters, digits and underscores.
-var identifierPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 // table is a validated table name.
 type table struct {
 	parts   []string // [name] or [schema, name]
@@ -41,25 +35,15 @@ type table struct {
 	acquire string   // the quoted name of its acquire function: "schema"."name_acquire"
 }
 
-// parseTable validates name: one identifier, or two joined by a dot (schema
-// and table), each of 1 to 63 letters, digits and underscores, not starting
-// with a digit.
+// parseTable validates name as pgname.ParseTable does: one identifier, or
+// two joined by a dot (schema and table), each of 1 to 63 letters, digits
+// and underscores, not starting with a digit.
 func parseTable(name string) (table, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return table{}, fmt.Errorf("pgstore: table name %q has more than two parts", name)
+	t, err := pgname.ParseTable(name)
+	if err != nil {
+		return table{}, fmt.Errorf("pgstore: table name %w", err)
 	}
-	for _, p := range parts {
-		if len(p) > maxIdentifier || !identifierPart.MatchString(p) {
-			return table{}, fmt.Errorf("pgstore: table name %q: %q is not an identifier of 1 to %d letters, digits and underscores", name, p, maxIdentifier)
-		}
-	}
-	return table{
-		parts:   parts,
-		quoted:  pgx.Identifier(parts).Sanitize(),
-		index:   pgname.ExpiresAtIndex(parts),
-		acquire: pgname.AcquireFunction(parts),
-	}, nil
+	return table{parts: t.Parts, quoted: t.Quoted(), index: t.ExpiresAtIndex(), acquire: t.AcquireFunction()}, nil
 }
 
 // mustTable is parseTable for options and Schema: a bad name is a

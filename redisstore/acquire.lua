@@ -18,7 +18,6 @@
 --   {3, payload[, pttl]}       acquireCompleted: the stored payload, for replay, and, with ARGV[5], the key's PTTL (-1: no expiry)
 --   {4, epoch, remaining_ms}   acquireInFlight: another token's lease is live
 --   {5}                        acquireMismatch: another fingerprint; nothing changed
---   {6, meta, body[, pttl]}    acquirePreviousCompleted: as 3, from a record of the previous layout
 --   {-1, message}              replyCorrupt: the value under the key is not a
 --                              record; nothing changed
 --
@@ -55,13 +54,8 @@
 -- to 15 decimal digits without a leading zero, exact integers as Lua
 -- numbers (doubles); the token length is 1 to 9 digits without a leading
 -- zero and must fit in the head. Anything else is reported as {-1, ...}. A
--- replay reads the payload alone; the Go side decodes it strictly.
---
--- Records of the previous layout (fields state, token, fp, epoch, lease,
--- meta, body, watched) are still read, during a rolling upgrade: a replay of
--- one answers {6, ...}, an in-progress one is judged by its lease field on
--- the server's clock as before, and a steal rewrites it in the current
--- layout. See README.md, Upgrading.
+-- replay reads the payload alone; the Go side decodes it strictly. A hash
+-- without a head is not a record.
 
 local key, cfp = KEYS[1], ARGV[1]
 
@@ -79,7 +73,8 @@ if v then
 end
 
 -- Anything else: the whole record (HGET succeeded, so this is a hash or
--- nothing). A new key takes a lease ending ARGV[3] ms from the server's
+-- nothing: no fields at all is no key, and a hash without a head is not a
+-- record). A new key takes a lease ending ARGV[3] ms from the server's
 -- TIME.
 local a = redis.call('HGETALL', key)
 local t = redis.call('TIME')
@@ -99,130 +94,48 @@ end
 
 local max_epoch = 999999999999999 -- 15 digits
 
-local h, state
+local h
 for i = 1, #a, 2 do
-  if a[i] == 'h' then h = a[i + 1] elseif a[i] == 'state' then state = a[i + 1] end
+  if a[i] == 'h' then h = a[i + 1] end
 end
+if not h then return {-1, 'field h is missing'} end
 
-if h then
-  local tl, ti = string.match(h, '^[cpP]([1-9]%d*):()')
-  if not tl or #tl > 9 then return {-1, 'field h: malformed state or token length'} end
-  local te = ti + tl -- just after the token
-  local e, d, fi = string.match(h, '^([1-9]%d*):([1-9]%d*):()', te)
-  if not e or #e > 15 or #d > 15 then
-    return {-1, 'field h: malformed epoch or lease end'}
-  end
-  local s = string.sub(h, 1, 1)
-  if string.sub(h, fi) ~= fp then
-    return {5}
-  end
-  if s == 'c' then return {-1, 'field ' .. cfp .. ' (the payload) is missing'} end
-  local epoch, left = tonumber(e), tonumber(d) - now
-  if string.sub(h, 2, te - 1) == tag then
-    -- A retry by the holder: the lease runs at least its length from now,
-    -- and the key lives at least as long. The head first: a server at
-    -- maxmemory refuses it before anything changed (PEXPIRE is not refused
-    -- there).
-    if left < lease_ms then
-      redis.call('HSET', key, 'h', head(s, epoch, now + lease_ms))
-      local pttl = redis.call('PTTL', key)
-      if pttl >= 0 and pttl < lease_ms then redis.call('PEXPIRE', key, ARGV[3]) end
-    end
-    if epoch == 1 then return {1, epoch} end
-    return {2, epoch}
-  end
-  if left <= 0 then
-    if epoch >= max_epoch then return {-1, 'field h: the epoch is at its maximum'} end
-    redis.call('HSET', key, 'h', head(s, epoch + 1, now + lease_ms))
-    redis.call('PEXPIRE', key, ARGV[4])
-    return {2, epoch + 1}
-  end
-  -- In flight: mark the record as watched, so that its complete or release
-  -- publishes. A waiter that watched the key while it was free (nothing to
-  -- mark then) and now finds another request's fresh record would otherwise
-  -- sleep until the holder's lease ends or its own bound. On a server at
-  -- maxmemory the mark is refused and skipped: the answer does not need it.
-  if s == 'p' then redis.pcall('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
-  return {4, epoch, left}
+local tl, ti = string.match(h, '^[cpP]([1-9]%d*):()')
+if not tl or #tl > 9 then return {-1, 'field h: malformed state or token length'} end
+local te = ti + tl -- just after the token
+local e, d, fi = string.match(h, '^([1-9]%d*):([1-9]%d*):()', te)
+if not e or #e > 15 or #d > 15 then
+  return {-1, 'field h: malformed epoch or lease end'}
 end
-
-if not state then return {-1, 'field h is missing'} end
-
--- A record of the previous layout.
-local rfp, epoch, holder, lease, watched, meta, body
-for i = 1, #a, 2 do
-  local n = a[i]
-  if n == 'fp' then rfp = a[i + 1]
-  elseif n == 'epoch' then epoch = a[i + 1]
-  elseif n == 'token' then holder = a[i + 1]
-  elseif n == 'lease' then lease = a[i + 1]
-  elseif n == 'watched' then watched = a[i + 1]
-  elseif n == 'meta' then meta = a[i + 1]
-  elseif n == 'body' then body = a[i + 1]
+local s = string.sub(h, 1, 1)
+if string.sub(h, fi) ~= fp then
+  return {5}
+end
+if s == 'c' then return {-1, 'field ' .. cfp .. ' (the payload) is missing'} end
+local epoch, left = tonumber(e), tonumber(d) - now
+if string.sub(h, 2, te - 1) == tag then
+  -- A retry by the holder: the lease runs at least its length from now,
+  -- and the key lives at least as long. The head first: a server at
+  -- maxmemory refuses it before anything changed (PEXPIRE is not refused
+  -- there).
+  if left < lease_ms then
+    redis.call('HSET', key, 'h', head(s, epoch, now + lease_ms))
+    local pttl = redis.call('PTTL', key)
+    if pttl >= 0 and pttl < lease_ms then redis.call('PEXPIRE', key, ARGV[3]) end
   end
-end
-if not epoch or #epoch > 15 or not string.find(epoch, '^[1-9][0-9]*$') then
-  epoch = nil
-else
-  epoch = tonumber(epoch)
-end
-
-if state == 'complete' then
-  if not rfp then return {-1, 'field fp is missing'} end
-  if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
-  if rfp ~= fp then return {5} end
-  if not meta then return {-1, 'field meta is missing'} end
-  if not body then return {-1, 'field body is missing'} end
-  if ARGV[5] then return {6, meta, body, redis.call('PTTL', key)} end
-  return {6, meta, body}
-end
-if state ~= 'in_progress' then return {-1, 'field state holds an unknown value'} end
-if not rfp then return {-1, 'field fp is missing'} end
-if not epoch then return {-1, 'field epoch is missing or not a positive integer of at most 15 digits'} end
-if not holder then return {-1, 'field token is missing'} end
-
--- The lease field holds the lease's end in Unix milliseconds on the clock of
--- the server that wrote it (1 to 15 digits, no leading zero), or the form
--- before that, "seconds:microseconds:ms" (1 to 12, 1 to 6 and 1 to 13
--- digits): the lease ends at that time plus ms.
-local lease_at
-if lease then
-  if #lease <= 15 and string.find(lease, '^[1-9][0-9]*$') then
-    lease_at = tonumber(lease)
-  else
-    local ls, lus, llen = string.match(lease, '^([0-9]+):([0-9]+):([0-9]+)$')
-    if ls and #ls <= 12 and #lus <= 6 and #llen <= 13 then
-      lease_at = tonumber(ls) * 1000 + math.floor(tonumber(lus) / 1000) + tonumber(llen)
-    end
-  end
-end
-if not lease_at then return {-1, 'field lease is missing or malformed'} end
-
-if rfp ~= fp then return {5} end
-local s = 'p'
-if watched then s = 'P' end
--- The previous layout's fields, deleted once the head is written: the head
--- first, so that a server at maxmemory refuses the write before anything
--- changed.
-local previous = {'state', 'token', 'fp', 'epoch', 'lease', 'watched', 'meta', 'body'}
-if #holder .. ':' .. holder == tag then -- the holder's tag (see tokenTag)
-  -- A retry by the holder: the record is rewritten in the current layout,
-  -- with the same epoch and the lease running at least its length from now.
-  local d = math.max(lease_at, now + lease_ms)
-  redis.call('HSET', key, 'h', head(s, epoch, d))
-  redis.call('HDEL', key, unpack(previous))
-  local pttl = redis.call('PTTL', key)
-  if pttl >= 0 and pttl < d - now then redis.call('PEXPIRE', key, string.format('%d', d - now)) end
   if epoch == 1 then return {1, epoch} end
   return {2, epoch}
 end
-if now >= lease_at then
-  if epoch >= max_epoch then return {-1, 'field epoch is at its maximum'} end
-  -- A steal rewrites the record in the current layout.
+if left <= 0 then
+  if epoch >= max_epoch then return {-1, 'field h: the epoch is at its maximum'} end
   redis.call('HSET', key, 'h', head(s, epoch + 1, now + lease_ms))
-  redis.call('HDEL', key, unpack(previous))
   redis.call('PEXPIRE', key, ARGV[4])
   return {2, epoch + 1}
 end
-if not watched then redis.pcall('HSET', key, 'watched', '1') end
-return {4, epoch, lease_at - now}
+-- In flight: mark the record as watched, so that its complete or release
+-- publishes. A waiter that watched the key while it was free (nothing to
+-- mark then) and now finds another request's fresh record would otherwise
+-- sleep until the holder's lease ends or its own bound. On a server at
+-- maxmemory the mark is refused and skipped: the answer does not need it.
+if s == 'p' then redis.pcall('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
+return {4, epoch, left}

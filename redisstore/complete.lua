@@ -30,10 +30,8 @@
 -- The head (field h, see acquire.lua) opens with the state and the token, so
 -- one comparison fences the call. The COMPLETE head is the in-progress one
 -- with state "c"; the payload goes to the field named "c" followed by the
--- fingerprint, which a replay reads alone. A record of the previous layout
--- has no field h: its holder is an instance of the previous version, so the
--- caller's lease is lost. A retry finds the record complete and writes
--- nothing, so the payload stored first stays, full or marked.
+-- fingerprint, which a replay reads alone. A retry finds the record complete
+-- and writes nothing, so the payload stored first stays, full or marked.
 
 local key, tok = KEYS[1], ARGV[1]
 

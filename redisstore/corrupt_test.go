@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redisrecord"
 	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/go-idempotency/idempotency/redisstore"
@@ -26,8 +27,6 @@ func TestCorruptRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	lease := fmt.Sprint(time.Now().Add(time.Hour).UnixMilli())    // ends in an hour
-	expired := fmt.Sprint(time.Now().Add(-time.Hour).UnixMilli()) // ran out an hour ago
 	meta, err := wire.AppendMeta(nil, sampleResponse())
 	if err != nil {
 		t.Fatal(err)
@@ -97,111 +96,16 @@ func TestCorruptRecords(t *testing.T) {
 		}
 	}
 
-	// Records of the previous layout (fields state, token, fp, epoch,
-	// lease, meta, body, watched).
+	// Values that are not records of this layout at all.
 	for name, plant := range map[string]func(rkey, key string){
-		"string value": func(rkey, _ string) { c.Set(ctx, rkey, "hello", 0) },
-		"list value":   func(rkey, _ string) { c.RPush(ctx, rkey, "a") },
-		"empty-ish hash": func(rkey, _ string) {
-			c.HSet(ctx, rkey, "unrelated", "1")
-		},
-		"unknown state": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "failed", "fp", fp(key), "epoch", 1)
-		},
-		"no fingerprint": func(rkey, _ string) {
-			c.HSet(ctx, rkey, "state", "complete", "epoch", 1, "meta", validMeta, "body", "")
-		},
-		"epoch not a number": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", "one", "lease", lease)
-		},
-		"in progress without lease": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1)
-		},
-		"in progress with a malformed lease": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", "soon")
-		},
-		"complete without meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "body", "x")
-		},
-		"complete without body": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", validMeta)
-		},
-		"garbage meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\xde\xad\xbe\xef", "body", "x")
-		},
-		"truncated meta": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", validMeta[:len(validMeta)-3], "body", "x")
-		},
-		"unknown version": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x09"+validMeta[1:], "body", "x")
-		},
-		"status out of range": func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", 1, "meta", "\x01\x63\x00\x00", "body", "x")
+		"string value":        func(rkey, _ string) { c.Set(ctx, rkey, "hello", 0) },
+		"list value":          func(rkey, _ string) { c.RPush(ctx, rkey, "a") },
+		"hash without a head": func(rkey, _ string) { c.HSet(ctx, rkey, "unrelated", "1") },
+		"hash without a head, with a payload": func(rkey, key string) {
+			c.HSet(ctx, rkey, redisrecord.PayloadField(fp(key)), "\x01"+validMeta)
 		},
 	} {
-		cases["previous layout: "+name] = plant
-	}
-	// Numbers Lua's tonumber accepts but a record never holds. An epoch
-	// must be 1 to 15 decimal digits without a leading zero. The
-	// in-progress records' leases ran out, so a store trusting the epoch
-	// would steal them.
-	for _, epoch := range []string{
-		"nan", "inf", "-inf", "9223372036854775808", "1e3", "0x10", " 1", "1 ", "1.5",
-		"0", "-1", "+1", "01", "", "1000000000000000", "99999999999999999999",
-	} {
-		cases[fmt.Sprintf("previous layout: in progress with epoch %q", epoch)] = func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", epoch, "lease", expired)
-		}
-		cases[fmt.Sprintf("previous layout: complete with epoch %q", epoch)] = func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "complete", "fp", fp(key), "epoch", epoch, "meta", validMeta, "body", "x")
-		}
-	}
-	// A lease is its end in Unix milliseconds, 1 to 15 decimal digits
-	// without a leading zero, or the previous form, seconds:microseconds:ms,
-	// of at most 12, 6 and 13 decimal digits. Here the leases that would
-	// otherwise be read have run out: a store reading them would steal.
-	huge := strings.Repeat("9", 400)
-	past := time.Now().Add(-time.Hour).UnixMilli()
-	for _, l := range []string{
-		"0",
-		"0" + expired,
-		"1000000000000000",
-		huge,
-		"-" + expired,
-		"+" + expired,
-		" " + expired,
-		expired + " ",
-		expired + "\n",
-		expired + ".0",
-		expired + ":0",
-		fmt.Sprintf("%.6e", float64(past)),
-		fmt.Sprintf("0x%x", past),
-		"1e3",
-		"nan",
-		"inf",
-		"",
-		huge + ":0:1000",
-		fmt.Sprintf("%d:%s:1000", time.Now().Unix(), huge),
-		fmt.Sprintf("%d:0:%s", time.Now().Unix(), huge),
-		fmt.Sprintf("%d:0:%s", time.Now().Add(-time.Hour).Unix(), huge),
-		"1000000000000:0:1000",
-		fmt.Sprintf("%d:1000000:1000", time.Now().Unix()),
-		fmt.Sprintf("%d:0:10000000000000", time.Now().Unix()),
-		fmt.Sprintf("%d:0:1e3", time.Now().Unix()),
-		fmt.Sprintf("%d:0x10:1000", time.Now().Unix()),
-		fmt.Sprintf(" %d:0:1000", time.Now().Unix()),
-		fmt.Sprintf("%d:0:1000.5", time.Now().Unix()),
-		fmt.Sprintf("%d:0:-1000", time.Now().Unix()),
-		fmt.Sprintf("%d:0:nan", time.Now().Unix()),
-		fmt.Sprintf("%d:0:1000:0", time.Now().Unix()),
-	} {
-		name := l
-		if len(name) > 40 {
-			name = fmt.Sprintf("%s...(%d bytes)", name[:20], len(name))
-		}
-		cases[fmt.Sprintf("previous layout: in progress with lease %q", name)] = func(rkey, key string) {
-			c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 1, "lease", l)
-		}
+		cases[name] = plant
 	}
 	for name, plant := range cases {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
@@ -286,53 +190,31 @@ func TestExtremeRecords(t *testing.T) {
 	c := newClient(t)
 	s := newStore(t, c)
 	fp := func(key string) string { return req(key, "x").Fingerprint }
-	live := fmt.Sprint(time.Now().Add(time.Hour).UnixMilli())
+	plant := func(key string, epoch int64, leaseEnd int64) string {
+		rkey := s.RecordKey(key)
+		hd := redisrecord.Head{State: redisrecord.InProgress, Token: "t", Epoch: epoch, LeaseEnd: leaseEnd, Fingerprint: fp(key)}
+		c.HSet(ctx, rkey, redisrecord.HeadField, hd.String())
+		c.PExpire(ctx, rkey, time.Hour)
+		return rkey
+	}
 
+	// The epoch at its largest, with a live lease.
 	key := randKey()
-	c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", live)
+	plant(key, redisrecord.MaxEpoch, time.Now().Add(time.Hour).UnixMilli())
 	a := mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
-	if a.Epoch != redisstore.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour+time.Second {
+	if a.Epoch != redisrecord.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour {
 		t.Errorf("in flight at the largest epoch: %+v", a)
 	}
-	a = mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
-	if a.Epoch != redisstore.MaxEpoch {
+	if a = mustAcquire(t, s, req(key, "t"), idempotency.Stolen); a.Epoch != redisrecord.MaxEpoch {
 		t.Errorf("holder's retry at the largest epoch: %+v", a)
 	}
 
 	// A steal would take the epoch past 15 digits: refused, nothing
-	// written. The holder's retry still renews its lease.
+	// written. The holder's retry still renews its lease, which ran out in
+	// 1970.
 	key = randKey()
-	rkey := s.RecordKey(key)
-	expired := fmt.Sprint(time.Now().Add(-time.Hour).UnixMilli())
-	c.HSet(ctx, rkey, "state", "in_progress", "token", "t", "fp", fp(key), "epoch", redisstore.MaxEpoch, "lease", expired)
+	rkey := plant(key, redisrecord.MaxEpoch, 1)
 	before := c.HGetAll(ctx, rkey).Val()
-	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {
-		t.Errorf("steal at the largest epoch = %+v, %v; want ErrCorruptRecord", a, err)
-	}
-	if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {
-		t.Errorf("refused steal changed the record: %v -> %v", before, after)
-	}
-	mustAcquire(t, s, req(key, "t"), idempotency.Stolen)
-	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
-
-	// The same in the current layout: the epoch at its largest, with a
-	// live lease and with one that ran out in 1970.
-	key = randKey()
-	rkey = s.RecordKey(key)
-	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:%d:%s", redisstore.MaxEpoch, time.Now().Add(time.Hour).UnixMilli(), fp(key)))
-	c.PExpire(ctx, rkey, time.Hour)
-	a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
-	if a.Epoch != redisstore.MaxEpoch || a.LeaseRemaining <= 59*time.Minute || a.LeaseRemaining > time.Hour {
-		t.Errorf("in flight at the largest epoch: %+v", a)
-	}
-	if a = mustAcquire(t, s, req(key, "t"), idempotency.Stolen); a.Epoch != redisstore.MaxEpoch {
-		t.Errorf("holder's retry at the largest epoch: %+v", a)
-	}
-	key = randKey()
-	rkey = s.RecordKey(key)
-	c.HSet(ctx, rkey, "h", fmt.Sprintf("p1:t%d:1:%s", redisstore.MaxEpoch, fp(key)))
-	c.PExpire(ctx, rkey, time.Hour)
-	before = c.HGetAll(ctx, rkey).Val()
 	if a, err := s.Acquire(ctx, req(key, "t2")); !errors.Is(err, idempotency.ErrCorruptRecord) {
 		t.Errorf("steal at the largest epoch = %+v, %v; want ErrCorruptRecord", a, err)
 	}
@@ -343,19 +225,12 @@ func TestExtremeRecords(t *testing.T) {
 	wantLeaseLeft(t, c, rkey, req(key, "t").Lease)
 	mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
 
-	// The latest lease end read, 15 digits (the year 33658), and the
-	// latest in the previous form, also as long as a Go duration can be:
-	// far more than a Duration holds.
-	for _, lease := range []string{
-		"999999999999999",
-		fmt.Sprintf("999999999999:999999:%d", int64(math.MaxInt64)/int64(time.Millisecond)),
-	} {
-		key = randKey()
-		c.HSet(ctx, s.RecordKey(key), "state", "in_progress", "token", "t", "fp", fp(key), "epoch", 7, "lease", lease)
-		a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight)
-		if a.Epoch != 7 || a.LeaseRemaining != math.MaxInt64 {
-			t.Errorf("in flight under the lease %q: %+v, want LeaseRemaining %v", lease, a, time.Duration(math.MaxInt64))
-		}
+	// The latest lease end read, 15 digits (the year 33658): far more than
+	// a Duration holds.
+	key = randKey()
+	plant(key, 7, redisrecord.MaxEpoch)
+	if a = mustAcquire(t, s, req(key, "t2"), idempotency.InFlight); a.Epoch != 7 || a.LeaseRemaining != math.MaxInt64 {
+		t.Errorf("in flight under the latest lease end: %+v, want LeaseRemaining %v", a, time.Duration(math.MaxInt64))
 	}
 }
 
@@ -388,14 +263,14 @@ func TestCorruptRecordOverHTTP(t *testing.T) {
 	// Records the middleware made, then changed: back to in progress, with
 	// an epoch of 2^63 (which Lua's tonumber accepts) and a lease that ran
 	// out; and a completed one whose payload is cut short.
-	for key, change := range map[string]func(rkey string, hd head){
-		"k-steal": func(rkey string, hd head) {
-			c.HDel(ctx, rkey, "c"+hd.fp)
-			c.HSet(ctx, rkey, "h", "p4:gone9223372036854775808:99999999999999:"+hd.fp)
+	for key, change := range map[string]func(rkey string, hd redisrecord.Head){
+		"k-steal": func(rkey string, hd redisrecord.Head) {
+			c.HDel(ctx, rkey, redisrecord.PayloadField(hd.Fingerprint))
+			c.HSet(ctx, rkey, redisrecord.HeadField, "p4:gone9223372036854775808:99999999999999:"+hd.Fingerprint)
 		},
-		"k-replay": func(rkey string, hd head) {
-			p := c.HGet(ctx, rkey, "c"+hd.fp).Val()
-			c.HSet(ctx, rkey, "c"+hd.fp, p[:2])
+		"k-replay": func(rkey string, hd redisrecord.Head) {
+			p := c.HGet(ctx, rkey, redisrecord.PayloadField(hd.Fingerprint)).Val()
+			c.HSet(ctx, rkey, redisrecord.PayloadField(hd.Fingerprint), p[:2])
 		},
 	} {
 		if resp, _ := post(t, srv.URL, key, "body"); resp.StatusCode != http.StatusCreated {
@@ -406,11 +281,7 @@ func TestCorruptRecordOverHTTP(t *testing.T) {
 		if !redistest.WaitFor(5*time.Second, func() bool { return recordState(c, rkey) == "complete" }) {
 			t.Fatalf("key %s: record not completed: %v", key, c.HGetAll(ctx, rkey).Val())
 		}
-		hd, err := parseHead(c.HGet(ctx, rkey, "h").Val())
-		if err != nil {
-			t.Fatal(err)
-		}
-		change(rkey, hd)
+		change(rkey, head(t, c, rkey))
 		before := c.HGetAll(ctx, rkey).Val()
 		wantUnreadable(key)
 		if after := c.HGetAll(ctx, rkey).Val(); !reflect.DeepEqual(after, before) {
@@ -440,8 +311,8 @@ func TestHugeLuaNumbersInReplies(t *testing.T) {
 	if v, ok := redisstore.EpochAt(reply, 5); ok {
 		t.Errorf("2^53 accepted as epoch %d: above the 15-digit bound", v)
 	}
-	if v, ok := redisstore.EpochAt(reply, 6); !ok || v != redisstore.MaxEpoch {
-		t.Errorf("EpochAt(1e15 - 1) = %d, %v; want %d", v, ok, int64(redisstore.MaxEpoch))
+	if v, ok := redisstore.EpochAt(reply, 6); !ok || v != redisrecord.MaxEpoch {
+		t.Errorf("EpochAt(1e15 - 1) = %d, %v; want %d", v, ok, int64(redisrecord.MaxEpoch))
 	}
 	for _, ms := range []int64{math.MaxInt64, math.MaxInt64/int64(time.Millisecond) + 1} {
 		if d := redisstore.MsDuration(ms); d != math.MaxInt64 {

@@ -33,10 +33,7 @@
 // (AcquireRequest.WantExpiresIn) reports its PTTL as Acquisition.ExpiresIn
 // (0, unknown, for a key made persistent by hand). So
 // Redis itself purges records. A replay reads only the payload field its
-// own fingerprint names. Records of the previous layout (fields state,
-// token, fp, epoch, lease, meta, body, watched) are still read during a
-// rolling upgrade, and a steal rewrites them; the previous version reads
-// the current layout as corrupt (see README.md, Upgrading).
+// own fingerprint names. The Go side of the layout is internal/redisrecord.
 //
 // The scripts parse the numbers strictly (Lua's tonumber would also take
 // " 1", "1.5", "1e3", "0x10", "nan" or "inf"). A value under a record key
@@ -118,15 +115,11 @@
 //
 // # Checking the server
 //
-// Store.Check reads the deployment's settings (INFO, CONFIG GET, TIME, and
-// on a Cluster CLUSTER INFO and CLUSTER NODES; it writes nothing) and
-// judges each: an evicting maxmemory-policy fails; no persistence, no
-// maxmemory, a replicated master with min-replicas-to-write 0 and a Redis
-// older than 7 warn (see Report and Finding). New runs it once in the
-// background (CheckAndWarn) and logs what is unsafe through slog.Default()
-// or the logger of WithStartupCheck; it never delays or fails New, gives
-// up after 5 seconds or at Close, and logs nothing for a safe server.
-// WithoutStartupCheck turns it off. The operator tool
-// (cmd/idemctl check) runs the same check and exits non-zero when it
-// fails.
+// New sends nothing to Redis, and the Store sends only what its calls need
+// (the scripts, WAIT, pub/sub for waiters), so a user that may not run INFO
+// or CONFIG GET, as managed services and restricted ACLs have it, can use
+// it. Whether the
+// server keeps records safely (noeviction, persistence, replication
+// settings) is checked by package servercheck, which the operator tool
+// (cmd/idemctl check) runs and an application can call at start-up.
 package redisstore

@@ -8,9 +8,6 @@ var (
 	MsDuration       = msDuration
 )
 
-// MaxEpoch is the largest epoch the scripts read.
-const MaxEpoch = maxEpoch
-
 // DefaultMaxmemoryAllowance is WithMaxmemoryAllowance's default.
 const DefaultMaxmemoryAllowance = defaultMaxmemoryAllowance
 

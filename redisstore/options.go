@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -18,29 +17,21 @@ type config struct {
 	waitN        int
 	waitTimeout  time.Duration
 	onWAIT       func(ctx context.Context, err *WAITError)
-	// startupLog is the logger of the check New starts (CheckAndWarn),
-	// nil when WithoutStartupCheck turned it off.
-	startupLog *slog.Logger
 }
-
-// startupCheckByDefault says whether New starts the server check without
-// an option asking for it. The package's tests turn it off (check_test.go).
-var startupCheckByDefault = true
 
 func defaultConfig() config {
-	c := config{prefix: "idempotency:", oomAllowance: defaultMaxmemoryAllowance}
-	if startupCheckByDefault {
-		c.startupLog = slog.Default()
-	}
-	return c
+	return config{prefix: DefaultPrefix, oomAllowance: defaultMaxmemoryAllowance}
 }
+
+// DefaultPrefix is the prefix of record keys without WithPrefix.
+const DefaultPrefix = "idempotency:"
 
 // WithPrefix sets the prefix of every record key (and of every record's
 // pub/sub channel). Stores sharing a Redis database must use distinct
 // prefixes unless they are meant to share records. It panics when p is
 // empty.
 //
-// Default: "idempotency:".
+// Default: DefaultPrefix ("idempotency:").
 func WithPrefix(p string) Option {
 	if p == "" {
 		panic("redisstore: WithPrefix: empty prefix")
@@ -142,28 +133,3 @@ func (e *WAITError) Error() string {
 
 // Unwrap returns the error WAIT failed with, if any.
 func (e *WAITError) Unwrap() error { return e.Err }
-
-// WithStartupCheck sets the logger through which the server check that New
-// starts reports an unsafe server (see CheckAndWarn): an evicting
-// maxmemory-policy, nothing persisted, a replicated master without
-// min-replicas-to-write, and the other items of Check. The check runs in a
-// goroutine of its own, bounded by 5 seconds: New never waits for it and it
-// never fails New. It panics when logger is nil.
-//
-// Default: on, logging through slog.Default() as it is when New runs.
-func WithStartupCheck(logger *slog.Logger) Option {
-	if logger == nil {
-		panic("redisstore: WithStartupCheck: nil logger (WithoutStartupCheck turns the check off)")
-	}
-	return func(c *config) { c.startupLog = logger }
-}
-
-// WithoutStartupCheck keeps New from checking the server: New then sends
-// nothing to Redis and logs nothing. Use it where the check is run another
-// way (Check, or idemctl check in a deployment pipeline), or where the
-// client's user may not run INFO or CONFIG GET.
-//
-// Default: the check runs (see WithStartupCheck).
-func WithoutStartupCheck() Option {
-	return func(c *config) { c.startupLog = nil }
-}

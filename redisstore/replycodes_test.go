@@ -22,8 +22,8 @@ func TestReplyCodes(t *testing.T) {
 		{"acquire.lua", acquireSrc, map[string]int64{
 			"acquireAcquired": acquireAcquired, "acquireStolen": acquireStolen,
 			"acquireCompleted": acquireCompleted, "acquireInFlight": acquireInFlight,
-			"acquireMismatch": acquireMismatch, "acquirePreviousCompleted": acquirePreviousCompleted,
-			"replyCorrupt": replyCorrupt,
+			"acquireMismatch": acquireMismatch,
+			"replyCorrupt":    replyCorrupt,
 		}},
 		{"complete.lua", completeSrc, fenced},
 		{"extend.lua", extendSrc, fenced},

@@ -11,10 +11,10 @@ import (
 )
 
 // One Lua script per edge of the record's state machine. Each touches only
-// the record's own key, so it runs on a Cluster, judges leases on the
+// the record's own key, so that it runs on a Cluster; judges leases on the
 // server's clock (its TIME against the lease's end in the head, see
-// record.go), and replies with an array that opens with a code (the
-// constants below). Script.Run sends EVALSHA and falls back to EVAL when
+// internal/redisrecord); and replies with an array that opens with a code
+// (the constants below). Script.Run sends EVALSHA and falls back to EVAL when
 // the server answers NOSCRIPT (a restarted or failed-over server has an
 // empty script cache).
 //
@@ -83,10 +83,6 @@ const (
 	acquireCompleted = 3 // {3, payload[, pttl]}: the stored payload, for replay, and, when asked for, the key's PTTL (-1: none)
 	acquireInFlight  = 4 // {4, epoch, remaining_ms}: another token's lease is live
 	acquireMismatch  = 5 // {5}: the record has another fingerprint
-
-	// acquirePreviousCompleted is acquireCompleted for a record of the
-	// previous layout: {6, meta, body[, pttl]}.
-	acquirePreviousCompleted = 6
 )
 
 // Replies of the fenced scripts, complete.lua, extend.lua and release.lua,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redisrecord"
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,26 +31,16 @@ type Store struct {
 	// script (a server before Redis 7): the Store then sends the scripts
 	// without it (see flaggedScript).
 	plainScripts atomic.Bool
-
-	// closing is closed by Close: it ends the server checks of
-	// CheckAndWarn. startup is the channel of the check New started, nil
-	// without one.
-	closing chan struct{}
-	startup <-chan struct{}
 }
 
 var _ idempotency.Store = (*Store)(nil)
 
 // New returns a Store using client, which may be a *redis.Client, a
 // Sentinel-backed client from redis.NewFailoverClient or a
-// *redis.ClusterClient. The Store does not close client. It panics when
-// client is nil.
-//
-// Unless WithoutStartupCheck is given, New starts a check of the server in
-// the background (CheckAndWarn) and returns at once, without waiting for
-// it: the check warns through slog.Default() (or WithStartupCheck's logger)
-// when the server evicts records, persists nothing, or is otherwise unsafe
-// for them.
+// *redis.ClusterClient. New sends nothing to Redis, and the Store does not
+// close client. It panics when client is nil. Whether the server keeps
+// records safely is the deployment's to check (package servercheck, or
+// idemctl check).
 func New(client redis.UniversalClient, opts ...Option) *Store {
 	if client == nil {
 		panic("redisstore: New: nil client")
@@ -61,11 +52,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		}
 		o(&cfg)
 	}
-	s := &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client), closing: make(chan struct{})}
-	if cfg.startupLog != nil {
-		s.startup = s.CheckAndWarn(cfg.startupLog)
-	}
-	return s
+	return &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client)}
 }
 
 // Close stops the Store's shared pub/sub subscription and wakes every
@@ -75,7 +62,6 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	close(s.closing)
 	return s.hub.close()
 }
 
@@ -86,7 +72,7 @@ func (s *Store) RecordKey(key string) string { return s.cfg.prefix + key }
 // Channel returns the pub/sub channel on which the record stored under key
 // announces that it was completed or released: its Redis key followed by
 // ":changed".
-func (s *Store) Channel(key string) string { return s.cfg.prefix + key + ":changed" }
+func (s *Store) Channel(key string) string { return redisrecord.Channel(s.RecordKey(key)) }
 
 // millis converts d to whole milliseconds, rounding up so that a positive
 // duration never becomes 0.
@@ -94,7 +80,9 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-func (s *Store) check(key, token string) error {
+// validate returns why the Store cannot take a call on key with token:
+// closed, or an argument missing.
+func (s *Store) validate(key, token string) error {
 	if s.closed.Load() {
 		return idempotency.ErrStoreClosed
 	}
@@ -119,7 +107,7 @@ func (s *Store) check(key, token string) error {
 // with the noeviction policy) refusing a write as one wrapping
 // idempotency.ErrStoreFull.
 func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
-	if err := s.check(req.Key, req.Token); err != nil {
+	if err := s.validate(req.Key, req.Token); err != nil {
 		return idempotency.Acquisition{}, err
 	}
 	if req.Lease <= 0 || req.TTL <= 0 {
@@ -127,7 +115,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	}
 	rkey := s.RecordKey(req.Key)
 	lease, expiry := millis(req.Lease), millis(max(req.Lease, req.TTL))
-	args := []any{payloadField(req.Fingerprint), tokenTag(req.Token), lease, expiry}
+	args := []any{redisrecord.PayloadField(req.Fingerprint), redisrecord.TokenTag(req.Token), lease, expiry}
 	if req.WantExpiresIn {
 		args = append(args, 1)
 	}
@@ -159,30 +147,14 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 			o = idempotency.Stolen
 		}
 		return idempotency.Acquisition{Outcome: o, Epoch: uint64(epoch)}, nil
-	case acquireCompleted, acquirePreviousCompleted:
-		// The payload (or, from the previous layout, meta and body), then
-		// the PTTL when it was asked for.
-		var meta, body string
-		n := 2
-		if code == acquireCompleted {
-			payload, ok := strAt(reply, 1)
-			if !ok {
-				return bad()
-			}
-			var err error
-			if meta, body, err = splitPayload(payload); err != nil {
-				return idempotency.Acquisition{}, fmt.Errorf("%w: key %s: %v", idempotency.ErrCorruptRecord, rkey, err)
-			}
-		} else {
-			var ok1, ok2 bool
-			meta, ok1 = strAt(reply, 1)
-			body, ok2 = strAt(reply, 2)
-			if !ok1 || !ok2 {
-				return bad()
-			}
-			n = 3
+	case acquireCompleted:
+		// The payload, then the PTTL when it was asked for.
+		payload, ok := strAt(reply, 1)
+		if !ok {
+			return bad()
 		}
 		var expires time.Duration
+		n := 2
 		if req.WantExpiresIn {
 			pttl, ok := intAt(reply, n)
 			if !ok || pttl < -1 {
@@ -193,6 +165,10 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		}
 		if len(reply) != n {
 			return bad()
+		}
+		meta, body, err := redisrecord.SplitPayload(payload)
+		if err != nil {
+			return idempotency.Acquisition{}, fmt.Errorf("%w: key %s: %v", idempotency.ErrCorruptRecord, rkey, err)
 		}
 		resp, err := wire.Decode(meta, body)
 		if err != nil {
@@ -234,18 +210,18 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 // over (MOVED, READONLY, or an unreachable master: the client's slot map is
 // then reloaded), WAIT included.
 func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
-	if err := s.check(key, token); err != nil {
+	if err := s.validate(key, token); err != nil {
 		return err
 	}
 	if ttl <= 0 {
 		return fmt.Errorf("redisstore: TTL %v must be positive", ttl)
 	}
-	payload, err := appendPayload(nil, resp)
+	payload, err := redisrecord.AppendPayload(nil, resp)
 	if err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	rkey := s.RecordKey(key)
-	tag, ms := tokenTag(token), millis(ttl)
+	tag, ms := redisrecord.TokenTag(token), millis(ttl)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
 		if len(payload) <= s.cfg.oomAllowance {
 			return s.runComplete(ctx, completeScript, rkey, tag, ms, payload)
@@ -258,7 +234,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		}
 		// Redis 7 refused the script at maxmemory before it ran: nothing
 		// was written.
-		marked, err := appendPayload(nil, s.markedResponse(resp))
+		marked, err := redisrecord.AppendPayload(nil, s.markedResponse(resp))
 		if err != nil {
 			return nil, err
 		}
@@ -288,7 +264,7 @@ func (s *Store) runComplete(ctx context.Context, sc *flaggedScript, rkey, tag st
 func (s *Store) markedResponse(resp *idempotency.Response) *idempotency.Response {
 	withHeader := &idempotency.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
 	if !resp.HeaderOmitted {
-		if p, err := appendPayload(nil, withHeader); err == nil && len(p) <= s.cfg.oomAllowance {
+		if p, err := redisrecord.AppendPayload(nil, withHeader); err == nil && len(p) <= s.cfg.oomAllowance {
 			return withHeader
 		}
 	}
@@ -297,12 +273,12 @@ func (s *Store) markedResponse(resp *idempotency.Response) *idempotency.Response
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	if err := s.check(key, token); err != nil {
+	if err := s.validate(key, token); err != nil {
 		return err
 	}
 	rkey := s.RecordKey(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return s.run(ctx, releaseScript, []string{rkey}, tokenTag(token))
+		return s.run(ctx, releaseScript, []string{rkey}, redisrecord.TokenTag(token))
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -313,7 +289,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := s.check(key, token); err != nil {
+	if err := s.validate(key, token); err != nil {
 		return err
 	}
 	if lease <= 0 {
@@ -321,7 +297,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 	}
 	rkey := s.RecordKey(key)
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return s.run(ctx, extendScript, []string{rkey}, tokenTag(token), millis(lease))
+		return s.run(ctx, extendScript, []string{rkey}, redisrecord.TokenTag(token), millis(lease))
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)
@@ -360,17 +336,14 @@ func replyCode(rkey string, reply []any) (int64, error) {
 	return code, nil
 }
 
-// maxEpoch is the largest epoch acquire.lua reads (15 digits): Lua numbers
-// are doubles, exact for integers below 2^53.
-const maxEpoch = 999_999_999_999_999
-
-// epochAt returns the epoch at reply[i], which must lie in [1, maxEpoch].
+// epochAt returns the epoch at reply[i], which must lie in [1,
+// redisrecord.MaxEpoch].
 // Redis turns a Lua number into an integer reply by truncation, so a reply
 // outside that range (which the script never sends) is refused rather than
 // trusted.
 func epochAt(reply []any, i int) (int64, bool) {
 	v, ok := intAt(reply, i)
-	return v, ok && v >= 1 && v <= maxEpoch
+	return v, ok && v >= 1 && v <= redisrecord.MaxEpoch
 }
 
 // expiresIn converts a COMPLETE record key's PTTL to Acquisition.ExpiresIn:

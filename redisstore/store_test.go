@@ -3,9 +3,7 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redisrecord"
 	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/go-idempotency/idempotency/redisstore"
@@ -179,11 +178,9 @@ func TestHolderRetryRenews(t *testing.T) {
 			rkey := s.RecordKey(key)
 			r := req(key, "t1") // lease 10s, TTL 1h
 			mustAcquire(t, s, r, idempotency.Acquired)
-			hd, err := parseHead(c.HGet(ctx, rkey, "h").Val())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.HSet(ctx, rkey, "h", fmt.Sprintf("p%d:%s%d:%d:%s", len(hd.token), hd.token, 4, serverTime(t, c).Add(tc.left).UnixMilli(), hd.fp))
+			hd := head(t, c, rkey)
+			hd.Epoch, hd.LeaseEnd = 4, serverTime(t, c).Add(tc.left).UnixMilli()
+			c.HSet(ctx, rkey, redisrecord.HeadField, hd.String())
 			c.PExpire(ctx, rkey, tc.pttl)
 			if a := mustAcquire(t, s, r, idempotency.Stolen); a.Epoch != 4 {
 				t.Errorf("holder's retry at epoch 4 answered epoch %d", a.Epoch)
@@ -194,8 +191,8 @@ func TestHolderRetryRenews(t *testing.T) {
 			if pttl := c.PTTL(ctx, rkey).Val(); pttl <= tc.wantPTTL-5*time.Second || pttl > tc.wantPTTL {
 				t.Errorf("PTTL %v, want about %v", pttl, tc.wantPTTL)
 			}
-			if hd2, err := parseHead(c.HGet(ctx, rkey, "h").Val()); err != nil || hd2.token != "t1" || hd2.epoch != 4 || hd2.fp != hd.fp {
-				t.Errorf("head after the retry: %+v, %v", hd2, err)
+			if hd2 := head(t, c, rkey); hd2.Token != "t1" || hd2.Epoch != 4 || hd2.Fingerprint != hd.Fingerprint {
+				t.Errorf("head after the retry: %+v", hd2)
 			}
 		})
 	}
@@ -345,11 +342,8 @@ func TestRecordLayout(t *testing.T) {
 	mustAcquire(t, s, r, idempotency.Acquired)
 	rkey := s.RecordKey(key)
 	h := c.HGetAll(ctx, rkey).Val()
-	hd, err := parseHead(h["h"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fmt.Sprintf("p2:t11:%d:%s", hd.leaseEnd, r.Fingerprint)
+	hd := head(t, c, rkey)
+	want := redisrecord.Head{State: redisrecord.InProgress, Token: "t1", Epoch: 1, LeaseEnd: hd.LeaseEnd, Fingerprint: r.Fingerprint}.String()
 	if len(h) != 1 || h["h"] != want {
 		t.Fatalf("IN_PROGRESS record = %q, want only h = %q", h, want)
 	}
@@ -365,19 +359,19 @@ func TestRecordLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	h = c.HGetAll(ctx, rkey).Val()
-	payload := h["c"+r.Fingerprint]
-	if len(h) != 2 || h["h"] != "c"+want[1:] || payload == "" {
+	payload := h[redisrecord.PayloadField(r.Fingerprint)]
+	hd.State = redisrecord.Complete
+	if len(h) != 2 || h["h"] != hd.String() || payload == "" {
 		t.Fatalf("COMPLETE record = %q", h)
 	}
-	// The payload: the meta block's length (a uvarint), the meta block, the
-	// body. Compact: the meta block is smaller than the headers spelled out.
-	n, k := binary.Uvarint([]byte(payload))
-	if k <= 0 || n == 0 || n > 80 || payload[k+int(n):] != string(resp.Body) {
-		t.Errorf("payload %q: meta length %d (%d bytes), want a meta block under 80 bytes and then the body", payload, n, k)
+	// The payload: the meta block, the body. Compact: the meta block is
+	// smaller than the headers spelled out.
+	meta, body, err := redisrecord.SplitPayload(payload)
+	if err != nil || len(meta) == 0 || len(meta) > 80 || body != string(resp.Body) {
+		t.Errorf("payload %q: meta block of %d bytes, %v; want one under 80 bytes and then the body", payload, len(meta), err)
 	}
-	meta, err := wire.AppendMeta(nil, resp)
-	if err != nil || payload[k:k+int(n)] != string(meta) {
-		t.Errorf("payload's meta block %q, want %q (%v)", payload[k:k+int(n)], meta, err)
+	if want, err := wire.AppendMeta(nil, resp); err != nil || meta != string(want) {
+		t.Errorf("payload's meta block %q, want %q (%v)", meta, want, err)
 	}
 	// The key's expiry is the TTL, counted from completion.
 	if pttl := c.PTTL(ctx, rkey).Val(); pttl <= 59*time.Second || pttl > time.Minute {
@@ -394,8 +388,8 @@ func TestRecordLayoutLeaseLongerThanTTL(t *testing.T) {
 	r := req(key, "t1")
 	r.Lease, r.TTL = time.Hour, time.Minute
 	mustAcquire(t, s, r, idempotency.Acquired)
-	if hd, err := parseHead(c.HGet(ctx, s.RecordKey(key), "h").Val()); err != nil || hd.epoch != 1 || hd.token != "t1" {
-		t.Fatalf("head %+v, %v; want epoch 1, token t1", hd, err)
+	if hd := head(t, c, s.RecordKey(key)); hd.Epoch != 1 || hd.Token != "t1" {
+		t.Fatalf("head %+v; want epoch 1, token t1", hd)
 	}
 	wantLeaseLeft(t, c, s.RecordKey(key), time.Hour)
 	if pttl := c.PTTL(ctx, s.RecordKey(key)).Val(); pttl <= 59*time.Minute || pttl > time.Hour {

@@ -176,7 +176,7 @@ type subConn struct {
 	ps        *redis.PubSub
 	kick      chan struct{} // wakes the writer; buffered (1)
 	dropped   chan struct{} // closed when the connection is dropped
-	timer     *time.Timer   // runs check
+	timer     *time.Timer   // runs tick
 	opened    time.Time
 	notBefore time.Time // the writer sends nothing before
 
@@ -266,7 +266,7 @@ func (h *hub) open() *subConn {
 		notBefore: h.retryAt,
 		since:     now,
 	}
-	c.timer = time.AfterFunc(time.Hour, func() { h.check(c) })
+	c.timer = time.AfterFunc(time.Hour, func() { h.tick(c) })
 	c.timer.Stop()
 	go h.write(c)
 	return c
@@ -303,7 +303,7 @@ func (h *hub) sendLocked(c *subConn, o op) {
 	h.armLocked(c)
 }
 
-// armLocked sets c's timer for the next check: when the oldest reply
+// armLocked sets c's timer for the next tick: when the oldest reply
 // awaited is due, else, while channels are subscribed, when a PING is. An
 // idle connection has no timer running.
 func (h *hub) armLocked(c *subConn) {
@@ -322,9 +322,9 @@ func (h *hub) armLocked(c *subConn) {
 	}
 }
 
-// check drops c when a reply is overdue and pings it when it has been
+// tick drops c when a reply is overdue and pings it when it has been
 // silent for pingAfter with channels subscribed.
-func (h *hub) check(c *subConn) {
+func (h *hub) tick(c *subConn) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if c.dead {

@@ -15,18 +15,13 @@
 --
 -- An in-progress head (field h, see acquire.lua) is marked by its state, "p"
 -- becoming "P"; a COMPLETE record has nothing to wait for and is left as it
--- is. A record of the previous layout is marked with the field watched,
--- which its holder, an instance of the previous version, reads.
+-- is.
 
 local key = KEYS[1]
 
 -- (.err: see complete.lua.)
 local h = redis.pcall('HGET', key, 'h')
 if h and h.err then return {-1, 'key does not hold a hash: ' .. h.err} end
-if h then
-  if string.sub(h, 1, 1) == 'p' then redis.call('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
-  return {1}
-end
-if redis.call('HEXISTS', key, 'state') == 0 then return {0} end
-redis.call('HSET', key, 'watched', '1')
+if not h then return {0} end
+if string.sub(h, 1, 1) == 'p' then redis.call('HSET', key, 'h', 'P' .. string.sub(h, 2)) end
 return {1}

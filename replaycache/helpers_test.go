@@ -9,29 +9,13 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 	"github.com/go-idempotency/idempotency/memstore"
 )
 
-// fakeClock is a clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+// newFakeClock returns a clock that moves only when told to.
+func newFakeClock() *fakeclock.Clock {
+	return fakeclock.New(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 }
 
 // counting is a Store that counts the Acquires that reach it.
@@ -47,7 +31,7 @@ func (s *counting) Acquire(ctx context.Context, req idempotency.AcquireRequest) 
 
 // newMemstore returns a memstore on clock (the real one if nil), closed
 // when t ends.
-func newMemstore(t *testing.T, clock *fakeClock) *memstore.Store {
+func newMemstore(t *testing.T, clock *fakeclock.Clock) *memstore.Store {
 	t.Helper()
 	var opts []memstore.Option
 	if clock != nil {

@@ -55,24 +55,6 @@ func (t *memTx) Complete(ctx context.Context, resp *idempotency.Response, ttl ti
 
 func (t *memTx) Rollback(context.Context) error { return nil }
 
-// clock is memstore's clock, moved by the test to expire leases.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // signal wakes the goroutines waiting for a condition each time the
 // condition may have changed.
 type signal struct {

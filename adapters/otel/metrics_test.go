@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	idemotel "github.com/go-idempotency/idempotency/adapters/otel"
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 	"github.com/go-idempotency/idempotency/memstore"
 )
 
@@ -120,7 +121,7 @@ func TestMetrics(t *testing.T) {
 	f := newFinals()
 	observe := f.wrap(idemotel.Observer(idemotel.WithMeterProvider(mp)))
 
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	clk := fakeclock.New(time.Unix(1_700_000_000, 0))
 	store := memstore.New(memstore.WithClock(clk.Now))
 	defer store.Close()
 	g := newGate()
@@ -178,7 +179,7 @@ func TestMetrics(t *testing.T) {
 		first <- post(t, srv.URL, req{name: "owner", path: "/steal", key: "raw-key-7", body: "secret-body-s", block: true})
 	}()
 	g.awaitEntered(t)
-	clk.advance(11 * time.Second) // past the default 10s lease
+	clk.Advance(11 * time.Second) // past the default 10s lease
 	step(req{name: "thief", path: "/steal", key: "raw-key-7", body: "secret-body-s"}, http.StatusCreated)
 	if got := points(t, reader, "idempotency.handlers.running")[running("/steal")]; got != 1 {
 		t.Errorf("running /steal with the old owner still running: %v, want 1", got)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	idemprom "github.com/go-idempotency/idempotency/adapters/prometheus"
+	"github.com/go-idempotency/idempotency/internal/fakeclock"
 	"github.com/go-idempotency/idempotency/memstore"
 )
 
@@ -32,24 +33,6 @@ type downStore struct{ idempotency.Store }
 
 func (downStore) Acquire(context.Context, idempotency.AcquireRequest) (idempotency.Acquisition, error) {
 	return idempotency.Acquisition{}, errors.New("dial tcp 127.0.0.1:6379: connection refused")
-}
-
-// clock is memstore's clock, moved by the test to expire leases.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }
 
 // finals wraps an observer and counts the final events it passed on: a
@@ -268,7 +251,7 @@ func TestEveryOutcome(t *testing.T) {
 	f := newFinals()
 	observe := f.wrap(idemprom.Observer(reg))
 
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	clk := fakeclock.New(time.Unix(1_700_000_000, 0))
 	store := memstore.New(memstore.WithClock(clk.Now))
 	defer store.Close()
 	mw := idempotency.New(store, idempotency.WithObserver(observe))
@@ -330,7 +313,7 @@ func TestEveryOutcome(t *testing.T) {
 		first <- post(t, srv.URL, req{path: "/steal", key: keySecret + "-7", body: bodySecret + "-s", block: true})
 	}()
 	g.awaitEntered(t)
-	clk.advance(11 * time.Second)                                                                 // past the default 10s lease
+	clk.Advance(11 * time.Second)                                                                 // past the default 10s lease
 	step(req{path: "/steal", key: keySecret + "-7", body: bodySecret + "-s"}, http.StatusCreated) // stolen, executed
 	if got := series(t, reg, "idempotency_handlers_running")[running("/steal")]; got != 1 {
 		t.Errorf("running /steal with the old owner still running: %v, want 1", got)

@@ -8,18 +8,12 @@
 // one fresh key at once: one runs, the other gets 409 or a replay).
 //
 // In the same run it measures the bare handler (the same server without the
-// middleware) and, for Redis, the floor: the bare handler plus the raw
-// EVALSHA round trips the middleware needs at best (two for a first
-// execution, one for a duplicate), with the same concurrency, and the
-// flushed floor (flushfloor): the same, with the response flushed before a
-// first execution's second round trip, so that its client waits for the
-// handler plus one round trip, as the middleware's does; and the record
-// floor (recordfloor): the bare handler with the least a store keeping its
-// records in Redis hashes does (a first execution creates a hash with its
-// expiry, then stores the payload in it; a duplicate reads the payload
-// back), checking nothing. It prints a
-// progress line every second, then throughput, p50/p99 latency and the
-// middleware's ratio to each.
+// middleware) and, for Redis, the record floor (recordfloor): the bare
+// handler with the least a store keeping its records in Redis hashes does
+// (a first execution creates a hash with its expiry, then stores the
+// payload in it; a duplicate reads the payload back), checking nothing. It
+// prints a progress line every second, then throughput, p50/p99 latency and
+// the middleware's ratio to each.
 //
 //	idemload -duration 5s -concurrency 16 -mix new=70,dup=20,concdup=10 -body 1024
 //	idemload -redis auto          # a private redis-server, stopped at exit
@@ -81,7 +75,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&mix, "mix", "new=70,dup=20,concdup=10", "request mix: weights of new, dup and concdup")
 	fs.IntVar(&o.body, "body", 1024, "response body size in bytes (0..1048576)")
 	fs.StringVar(&o.redis, "redis", "", `Redis store: "" for memstore, "auto" for a private redis-server, or a loopback host:port`)
-	fs.IntVar(&o.rounds, "rounds", 1, "rounds of (bare, floors, middleware); the median round is reported (1..20)")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds of (bare, record floor, middleware); the median round is reported (1..20)")
 	fs.IntVar(&o.warm, "warm", 1000, "requests sent before each measurement, whose keys dup requests repeat (1..100000)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the first round's middleware measurement (client and server) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -164,15 +158,12 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		prefix := "idemload:" + hex.EncodeToString(b[:]) + ":"
-		rs := redisstore.New(client, redisstore.WithPrefix(prefix), redisstore.WithoutStartupCheck())
+		rs := redisstore.New(client, redisstore.WithPrefix(prefix))
 		defer rs.Close()
 		defer deleteKeys(client, prefix)
 		store = rs
 		storeName = "redis " + load.RedisVersion(ctx, client) + " at " + addr
-		targets = append(targets,
-			&target{name: "floor", handler: load.FloorHandler(client, payload)},
-			&target{name: "flushfloor", handler: load.FlushedFloorHandler(client, payload)},
-			&target{name: "recordfloor", handler: load.RecordFloorHandler(client, prefix+"recordfloor:", payload, 10*time.Minute)})
+		targets = append(targets, &target{name: "recordfloor", handler: load.RecordFloorHandler(client, prefix+"recordfloor:", payload, 10*time.Minute)})
 	}
 	// A TTL of minutes keeps what a run leaves behind short-lived.
 	mw := idempotency.New(store, idempotency.WithTTL(10*time.Minute))

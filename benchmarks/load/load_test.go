@@ -149,39 +149,6 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	return next
 }
 
-func TestFloorHandlerRoundTrips(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	defer c.Close()
-	counter := &commandCounter{}
-	c.AddHook(counter)
-	srv, err := load.Serve(load.FloorHandler(c, load.Payload(10)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	post := func(kind string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
-		req.Header.Set(load.HeaderKind, kind)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			t.Fatalf("%s: status %d", kind, resp.StatusCode)
-		}
-	}
-	post("new") // loads the script
-	for kind, want := range map[string]int64{"new": 2, "dup": 1} {
-		counter.evalsha.Store(0)
-		post(kind)
-		if got := counter.evalsha.Load(); got != want {
-			t.Errorf("%s: %d EVALSHA, want %d", kind, got, want)
-		}
-	}
-}
-
 // TestRecordFloorHandler: a first execution creates the record, answers
 // and stores the payload (two EVALSHA); a duplicate reads the stored
 // payload back in one and answers with it, without running the handler.

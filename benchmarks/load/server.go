@@ -14,8 +14,8 @@ import (
 )
 
 // HeaderKind is the request header the driver sets to the kind of each
-// request ("new" or "dup"), so that the floor server knows how many round
-// trips the middleware would have made for it. Other servers ignore it.
+// request ("new" or "dup"), so that a record floor knows whether to write
+// a record or read one. Other servers ignore it.
 const HeaderKind = "X-Load-Kind"
 
 // Payload returns a response body of size bytes: a JSON document padded
@@ -44,10 +44,6 @@ func Handler(payload []byte) http.Handler {
 	})
 }
 
-// FloorScript is the cheapest Lua script: one EVALSHA of it is one Redis
-// round trip and nothing more.
-var FloorScript = redis.NewScript(`return {1}`)
-
 // The record floors' scripts do the least any store that keeps its records
 // in Redis hashes must do, and check nothing: RecordNewScript creates a
 // record with an expiry (KEYS[1]; ARGV[1] the expiry in ms),
@@ -58,43 +54,6 @@ var (
 	RecordDoneScript = redis.NewScript(`redis.call('HSET', KEYS[1], 'state', 'complete', 'meta', ARGV[2], 'body', ARGV[3]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return {1}`)
 	RecordReadScript = redis.NewScript(`return redis.call('HMGET', KEYS[1], 'meta', 'body')`)
 )
-
-// FloorHandler returns the Redis floor: the handler of Handler with the raw
-// EVALSHA round trips the middleware needs at best for the request's kind
-// (see HeaderKind). A first execution makes one before the handler
-// (acquire) and one after it (complete); a duplicate (replay or conflict)
-// makes one and writes the stored response without running the handler.
-func FloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
-	return floorHandler(c, payload, false)
-}
-
-// FlushedFloorHandler returns the floor of FloorHandler, except that a first
-// execution flushes the response to the client before its second round
-// trip, as the middleware does before it stores the response: what a first
-// execution's client waits for at best is the handler plus one round trip.
-func FlushedFloorHandler(c redis.UniversalClient, payload []byte) http.Handler {
-	return floorHandler(c, payload, true)
-}
-
-func floorHandler(c redis.UniversalClient, payload []byte, flush bool) http.Handler {
-	next := Handler(payload)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		trip := func() error { return FloorScript.Run(r.Context(), c, []string{"load:floor"}).Err() }
-		if err := trip(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		next.ServeHTTP(w, r)
-		if r.Header.Get(HeaderKind) != "dup" {
-			if flush {
-				_ = http.NewResponseController(w).Flush()
-			}
-			// The response is written: a failed second trip (a client cut
-			// off when a run's time is up) can change nothing in it.
-			_ = trip()
-		}
-	})
-}
 
 // RecordFloorHandler returns the record floor over HTTP: the handler of
 // Handler with the record floor's scripts (RecordNewScript,

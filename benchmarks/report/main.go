@@ -1,27 +1,23 @@
-// Command report runs the project's benchmarks, the idemload command and
-// the peers comparison, and writes from what they measured BENCHMARKS.md,
-// the pages of detailed results in benchmarks/results and
-// benchmarks/keycount.svg. Run it in the benchmarks module:
+// Command report runs the tests and benchmarks that BENCHMARKS.md judges
+// and reports, keeps their raw go test output in benchmarks/results/ (one
+// file per command, for benchstat), and writes BENCHMARKS.md and
+// benchmarks/results/details.md from the templates beside this file, with
+// the numbers benchstat gives. Run it in the benchmarks module:
 //
 //	cd benchmarks
-//	go run ./report            # about 25 minutes of both cores
-//	go run ./report -quick     # one sample per row, shorter runs
-//	go run ./report -render    # no measuring: rewrite from the last run's results
+//	go run ./report            # every step: about 20 minutes of both cores
+//	go run ./report -quick     # shorter runs, to check the pipeline
+//	go run ./report -render    # measures nothing: rewrites the pages
 //
-// The library's benchmarks run in the library's module (the repository
-// root), the others in the benchmarks module. The Redis parts need
-// redis-server on PATH (a private server is started on a loopback port and
-// stopped) or REDIS_ADDR; without either they are left out. The PostgreSQL
-// parts need a server at IDEMPOTENCY_POSTGRES_URL or the local one
-// (postgres@127.0.0.1:5432, trust authentication), on which each run
-// creates a database of its own and drops it; without one they are left
-// out. The raw go test output is kept in benchmarks/results/ for
-// benchstat.
+// The library's tests and benchmarks run in the library's module (the
+// repository root), the others in the benchmarks module. Parts that need
+// Redis or PostgreSQL skip themselves without a server (see the packages'
+// documentation), and their rows then say so.
 package main
 
 import (
 	"bytes"
-	"context"
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,187 +29,193 @@ import (
 	"time"
 )
 
-// libraryPath is the module path of the library measured.
-const libraryPath = "github.com/go-idempotency/idempotency"
-
-// reportPkg is this command, in the benchmarks module.
-const reportPkg = "./report"
-
-type config struct {
-	count    int
-	rounds   int
-	duration time.Duration
-	quick    bool
-	redis    bool
-	postgres bool
-	render   bool
-	resume   bool
-}
-
 func main() {
-	var c config
-	flag.IntVar(&c.count, "count", 5, "samples per benchmark row (go test -count)")
-	flag.IntVar(&c.rounds, "rounds", 3, "idemload rounds per run")
-	flag.DurationVar(&c.duration, "duration", 2*time.Second, "idemload and peers: measured time per target and round")
-	flag.BoolVar(&c.quick, "quick", false, "one sample per row and shorter runs, to check the pipeline")
-	flag.BoolVar(&c.render, "render", false, "measure nothing: rewrite BENCHMARKS.md, the pages and the plot from benchmarks/results")
-	flag.BoolVar(&c.resume, "resume", false, "take the go test steps from their output in benchmarks/results (of a run that stopped after them) and measure the rest")
+	quick := flag.Bool("quick", false, "shorter runs, to check the pipeline")
+	render := flag.Bool("render", false, "measure nothing: rewrite the pages from benchmarks/results")
 	flag.Parse()
-	if c.quick {
-		c.count, c.rounds, c.duration = 1, 1, time.Second
-	}
-	if c.count < 1 || c.count > 20 || c.rounds < 1 || c.rounds > 20 || c.duration <= 0 || c.duration > time.Minute {
-		fmt.Fprintln(os.Stderr, "report: -count and -rounds must be 1..20, -duration 0..1m")
-		os.Exit(2)
-	}
-	if err := run(c); err != nil {
+	if err := run(*quick, *render); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
 }
 
-// repositoryRoot returns the library's module root, as the go command
-// resolves it from the benchmarks module, and checks that the benchmarks
-// module lies in it where the report expects it.
-func repositoryRoot() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", libraryPath+"/"+toolsDir, libraryPath).Output()
-	if err != nil {
-		return "", fmt.Errorf("go list -m: %w (run the report in the %s module)", err, toolsDir)
-	}
-	dirs := strings.Fields(string(out))
-	if len(dirs) != 2 {
-		return "", errors.New("go list -m: no directory for the library (run the report in the " + toolsDir + " module)")
-	}
-	tools, root := dirs[0], dirs[1]
-	if filepath.Join(root, filepath.FromSlash(toolsDir)) != tools {
-		return "", fmt.Errorf("the %s module is at %s, not in %s under the library at %s", toolsDir, tools, toolsDir, root)
-	}
-	return root, nil
+// A step is one go test command, whose output is kept as results/<name>.txt.
+type step struct {
+	name  string
+	tools bool     // runs in the benchmarks module, else in the library's
+	args  []string // after "go test"
 }
 
-func run(c config) error {
-	root, err := repositoryRoot()
+// steps are the commands of a report; quick ones are shorter.
+func steps(quick bool) []step {
+	pick := func(full, short string) string {
+		if quick {
+			return short
+		}
+		return full
+	}
+	count := pick("6", "1")
+	bench := func(name string, tools bool, pattern, benchtime, pkg string, extra ...string) step {
+		args := []string{"-run", "^$", "-bench", pattern, "-benchtime", benchtime, "-count", count, pkg}
+		return step{name, tools, append(args, extra...)}
+	}
+	rounds := []string{"-args", "-rounds", pick("30", "2")}
+	return []step{
+		{"roundtrips", false, []string{"-count", "1", "-v", "-run", "^(" + strings.Join(roundTripTests, "|") + ")$", ".", "./redisstore/", "./pgstore/"}},
+		withoutCount(bench("http", true, "^BenchmarkHTTP$", pick("250x", "100x"), "./httpbench/", rounds...)),
+		withoutCount(bench("peers", true, "^BenchmarkPeers$", pick("250x", "100x"), "./httpbench/", rounds...)),
+		bench("memstore-keycount", false, "^BenchmarkKeyCount$", pick("1s", "0.2s"), "./memstore/"),
+		bench("redis-keycount", false, "^BenchmarkKeyCount$", pick("3000x", "300x"), "./redisstore/"),
+		bench("postgres-keycount", true, "^BenchmarkKeyCount$", pick("500x", "100x"), "./pgbench/"),
+		bench("middleware", false, "^BenchmarkMiddleware$", pick("0.3s", "0.1s"), ".", "-benchmem"),
+		withoutCount(bench("memstore-memory", false, "^BenchmarkRecordMemory$", "2x", "./memstore/")),
+		bench("redis-server-time", true, "^BenchmarkServerTime$", pick("3000x", "300x"), "./redisbench/"),
+		bench("redis-cluster", true, "^BenchmarkClusterPublish$", pick("10x", "2x"), "./redisbench/"),
+		bench("functions", true, "^BenchmarkDo$", pick("2000x", "200x"), "./funcbench/", "-benchmem"),
+	}
+}
+
+// withoutCount drops -count from s: its rounds, or its one sample, are the
+// samples.
+func withoutCount(s step) step {
+	for i, a := range s.args {
+		if a == "-count" {
+			s.args = append(s.args[:i:i], s.args[i+2:]...)
+			break
+		}
+	}
+	return s
+}
+
+// roundTripTests are the tests that assert the round trips per request.
+var roundTripTests = []string{"TestResponseBeforeStore", "TestRoundTrips", "TestHTTPRoundTrips", "TestRoundTripsThroughMiddleware"}
+
+// command is the shell command that runs s from the repository root.
+func (s step) command() string {
+	words := []string{"go", "test"}
+	for _, a := range s.args {
+		if strings.ContainsAny(a, "^$|()*") {
+			a = "'" + a + "'"
+		}
+		words = append(words, a)
+	}
+	line := strings.Join(words, " ")
+	if s.tools {
+		line = "cd benchmarks && " + line
+	}
+	return line
+}
+
+// dirs are the repository root and the directories the report writes.
+type dirs struct{ root, tools, results string }
+
+func findDirs() (dirs, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return dirs{}, err
+	}
+	if _, err := os.Stat(filepath.Join(wd, "report", "main.go")); err != nil {
+		return dirs{}, errors.New("run the report in the benchmarks module: cd benchmarks && go run ./report")
+	}
+	root := filepath.Dir(wd)
+	return dirs{root: root, tools: wd, results: filepath.Join(wd, "results")}, nil
+}
+
+func run(quick, render bool) error {
+	d, err := findDirs()
 	if err != nil {
 		return err
 	}
-	resDir := filepath.Join(root, filepath.FromSlash(resultsDir))
-	if c.render {
-		ms, err := loadMeasured(c, resDir)
+	if !render {
+		if err := measure(d, quick); err != nil {
+			return err
+		}
+	}
+	return writePages(d)
+}
+
+// measure runs every step, keeping its output, and notes the machine.
+func measure(d dirs, quick bool) error {
+	if err := os.MkdirAll(d.results, 0o755); err != nil {
+		return err
+	}
+	m := [][2]string{{"Started", now()}, {"Load average at the start", loadAverage()}}
+	var failed []string
+	for _, s := range steps(quick) {
+		fmt.Fprintln(os.Stderr, "report:", s.command())
+		start := time.Now()
+		cmd := exec.Command("go", append([]string{"test", "-timeout", "60m"}, s.args...)...)
+		cmd.Dir = d.root
+		if s.tools {
+			cmd.Dir = d.tools
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, os.Stderr
+		err := cmd.Run()
+		if werr := os.WriteFile(filepath.Join(d.results, s.name+".txt"), out.Bytes(), 0o644); werr != nil {
+			return werr
+		}
+		// A failed test is a verdict; a failed benchmark leaves its rows
+		// without numbers, and the others are still measured.
 		if err != nil {
-			return err
+			failed = append(failed, s.name)
+			if s.name != "roundtrips" {
+				os.Stderr.Write(out.Bytes())
+			}
 		}
-		if err := ms.write(root); err != nil {
-			return err
-		}
-		fmt.Fprintln(os.Stderr, "report: rewrote", summaryFile, "and its pages from", resDir)
-		return nil
+		fmt.Fprintf(os.Stderr, "report:   %v (%v)\n", time.Since(start).Round(time.Second), cmp.Or[any](err, "ok"))
 	}
-	_, lookErr := exec.LookPath("redis-server")
-	c.redis = lookErr == nil || os.Getenv("REDIS_ADDR") != ""
-	pg, pgErr := postgresServer(context.Background())
-	c.postgres = pgErr == nil
-	if pgErr != nil {
-		fmt.Fprintf(os.Stderr, "report: leaving PostgreSQL out: %v\n", pgErr)
+	m = append(m, [2]string{"Finished", now()}, [2]string{"Load average at the end", loadAverage()})
+	m = append(m, machine()...)
+	var b strings.Builder
+	for _, kv := range m {
+		fmt.Fprintf(&b, "%s: %s\n", kv[0], kv[1])
 	}
-	if err := os.MkdirAll(resDir, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(d.results, "machine.txt"), []byte(b.String()), 0o644); err != nil {
 		return err
 	}
-	var res map[string]*results
-	if c.resume {
-		res, err = readSteps(c, resDir)
-	} else {
-		res, err = runSteps(c, root)
+	if len(failed) > 0 {
+		fmt.Fprintf(os.Stderr, "report: failed: %s (their rows say so)\n", strings.Join(failed, ", "))
 	}
-	if err != nil {
-		return err
-	}
-	loads, err := runIdemload(c, root)
-	if err != nil {
-		return err
-	}
-	peers, err := runPeers(c, root)
-	if err != nil {
-		return err
-	}
-	var scripts *scriptCosts
-	if c.redis {
-		if scripts, err = measureScripts(context.Background()); err != nil {
-			return err
-		}
-	}
-	m := machine(c)
-	m.postgres = pg
-	ms := &measured{c: c, m: m, res: res, loads: loads, scripts: scripts, peers: peers}
-	if err := ms.save(resDir); err != nil {
-		return err
-	}
-	if err := ms.write(root); err != nil {
-		return err
-	}
-	fmt.Fprintln(os.Stderr, "report: wrote", summaryFile, "and its pages")
 	return nil
 }
 
-// runSteps runs the go test steps of a report, each in its module, keeps
-// their output in results/ and returns it parsed, by step name.
-func runSteps(c config, root string) (map[string]*results, error) {
-	res := map[string]*results{}
-	for _, s := range steps(c) {
-		args := append([]string{"test", "-timeout", "30m"}, s.args(c)...)
-		fmt.Fprintf(os.Stderr, "report: %s\n", s.command(c))
-		start := time.Now()
-		cmd := exec.Command("go", args...)
-		cmd.Dir = s.dir(root)
-		var out bytes.Buffer
-		cmd.Stdout = &out
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			os.Stderr.Write(out.Bytes())
-			return nil, fmt.Errorf("%s: %w", s.command(c), err)
-		}
-		fmt.Fprintf(os.Stderr, "report:   %v\n", time.Since(start).Round(time.Second))
-		if err := os.WriteFile(filepath.Join(root, filepath.FromSlash(resultsDir), s.name+".txt"), out.Bytes(), 0o644); err != nil {
-			return nil, err
-		}
-		r := newResults()
-		r.parse(bytes.NewReader(out.Bytes()))
-		res[s.name] = r
+func now() string { return time.Now().UTC().Format("2006-01-02 15:04 MST") }
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "–"
 	}
-	return res, nil
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
-// machineInfo describes where the numbers were measured.
-type machineInfo struct {
-	cpu, kernel, goVersion, redis string
-	postgres                      string // version and the settings that decide the cost of a commit
-	cores                         int
-	load                          string
-	generated                     time.Time // when the measuring ended
-}
-
-func machine(c config) machineInfo {
-	m := machineInfo{cores: runtime.NumCPU(), goVersion: runtime.Version(), generated: time.Now().UTC()}
+// machine describes where the numbers were measured.
+func machine() [][2]string {
+	output := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).Output()
+		if err != nil {
+			return "–"
+		}
+		return strings.TrimSpace(string(out))
+	}
+	cpu := "–"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.cpu = strings.TrimSpace(v)
+				cpu = strings.TrimSpace(v)
 				break
 			}
 		}
 	}
-	if out, err := exec.Command("uname", "-sr").Output(); err == nil {
-		m.kernel = strings.TrimSpace(string(out))
+	pg := output("psql", "-h", "127.0.0.1", "-U", "postgres", "-Atc",
+		"SELECT version() || ' (fsync ' || current_setting('fsync') || ', synchronous_commit ' || current_setting('synchronous_commit') || ')'")
+	return [][2]string{
+		{"CPU", cpu},
+		{"Cores", fmt.Sprint(runtime.NumCPU())},
+		{"OS", output("uname", "-sr")},
+		{"Go", output("go", "version")},
+		{"Redis", output("redis-server", "--version")},
+		{"PostgreSQL", pg},
 	}
-	if out, err := exec.Command("go", "version").Output(); err == nil {
-		m.goVersion = strings.TrimSpace(string(out))
-	}
-	if c.redis {
-		if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
-			m.redis = strings.TrimSpace(string(out))
-		}
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
-	return m
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -16,10 +15,8 @@ import (
 	"github.com/go-idempotency/idempotency/internal/pgname"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/go-idempotency/idempotency/servercheck"
 )
-
-// defaultPrefix is redisstore's default key prefix.
-const defaultPrefix = "idempotency:"
 
 // connFlags are the flags that say where the records are.
 type connFlags struct {
@@ -37,17 +34,26 @@ func (f *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sentinel, "sentinel", "", "Redis behind Sentinel: the sentinels' `addresses`, comma-separated (with -master)")
 	fs.StringVar(&f.master, "master", "", "the master `name` the sentinels monitor")
 	fs.StringVar(&f.postgres, "postgres", "", "PostgreSQL connection `URL`; env DATABASE_URL")
-	fs.StringVar(&f.prefix, "prefix", defaultPrefix, "the redisstore key `prefix` (redisstore.WithPrefix)")
+	fs.StringVar(&f.prefix, "prefix", redisstore.DefaultPrefix, "the redisstore key `prefix` (redisstore.WithPrefix)")
 	fs.StringVar(&f.table, "table", pgstore.DefaultTable, "the pgstore `table`, optionally schema.table (pgstore.WithTable)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this `duration` (0: never)")
 }
 
-// context returns ctx bounded by -timeout.
-func (f *connFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {
+// connected connects to the store the flags (or the environment) name and
+// returns what fn returns with it, all within -timeout: the exit status of
+// cmd, which fails when the store cannot be reached.
+func (f *connFlags) connected(ctx context.Context, c *cli, cmd *command, fn func(context.Context, backend) int) int {
 	if f.timeout > 0 {
-		return context.WithTimeout(ctx, f.timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.timeout)
+		defer cancel()
 	}
-	return context.WithCancel(ctx)
+	b, err := f.open(ctx, c)
+	if err != nil {
+		return c.fail(cmd, err)
+	}
+	defer b.close()
+	return fn(ctx, b)
 }
 
 // open connects to the store the flags (or the environment) name.
@@ -89,11 +95,11 @@ func (f *connFlags) open(ctx context.Context, c *cli) (backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newRedisBackend(client, where, f.prefix), nil
+		return &redisBackend{client: client, where: where, prefix: f.prefix}, nil
 	}
 	t, err := parseTable(f.table)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, err
 	}
 	cfg, err := pgx.ParseConfig(pgURL)
 	if err != nil {
@@ -167,40 +173,11 @@ func splitList(s string) []string {
 	return out
 }
 
-// pgTable is a validated pgstore table name.
-type pgTable struct {
-	name   string // as given: the default notification channel
-	quoted string // for SQL
-	schema string // "" for the search_path's
-	rel    string // the table's own name
-}
-
-// acquireFunction returns the quoted name of the function pgstore.Schema
-// creates beside the table.
-func (t pgTable) acquireFunction() string {
-	if t.schema != "" {
-		return pgname.AcquireFunction([]string{t.schema, t.rel})
-	}
-	return pgname.AcquireFunction([]string{t.rel})
-}
-
-// identifier is one part of a pgstore table name (see pgstore.WithTable).
-var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
-// parseTable validates name as pgstore.WithTable does.
-func parseTable(name string) (pgTable, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return pgTable{}, fmt.Errorf("-table %q has more than two parts", name)
-	}
-	for _, p := range parts {
-		if !identifier.MatchString(p) {
-			return pgTable{}, fmt.Errorf("-table %q: %q is not an identifier of 1 to 63 letters, digits and underscores", name, p)
-		}
-	}
-	t := pgTable{name: name, quoted: pgx.Identifier(parts).Sanitize(), rel: parts[len(parts)-1]}
-	if len(parts) == 2 {
-		t.schema = parts[0]
+// parseTable validates a -table flag as pgstore.WithTable does.
+func parseTable(name string) (pgname.Table, error) {
+	t, err := pgname.ParseTable(name)
+	if err != nil {
+		return pgname.Table{}, usagef("-table %v", err)
 	}
 	return t, nil
 }
@@ -272,6 +249,6 @@ type backend interface {
 	// stats counts the records and their memory.
 	stats(ctx context.Context, c *cli, opts statsOptions) (*statsResult, error)
 	// check judges the server's settings.
-	check(ctx context.Context, opts checkOptions) (redisstore.Report, error)
+	check(ctx context.Context, opts checkOptions) (servercheck.Report, error)
 	close()
 }

@@ -157,7 +157,9 @@ func TestEscapeWriteText(t *testing.T) {
 			}
 
 			var stdout, stderr bytes.Buffer
-			writeRow(&cli{stdout: &stdout}, rec)
+			tw := newTabWriter(&stdout)
+			writeRow(tw, rec)
+			tw.Flush()
 			checkShown(t, stdout.String())
 			if want := `"k` + h.quoted + `"`; !strings.HasPrefix(stdout.String(), want) {
 				t.Errorf("list row %q does not start with %q", stdout.String(), want)

@@ -126,8 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "-h", "-help", "--help", "help":
 		if len(args) > 1 && args[0] == "help" {
 			if cmd := lookup(args[1]); cmd != nil {
-				printCommandUsage(stdout, cmd, newFlagSet(cmd, c))
-				return exitOK
+				return cmd.run(ctx, c, cmd, []string{"-h"})
 			}
 		}
 		printTopUsage(stdout)
@@ -150,11 +149,18 @@ func lookup(name string) *command {
 	return nil
 }
 
-// newFlagSet returns an empty flag set for cmd that reports nothing itself:
-// parse prints help and errors.
-func newFlagSet(cmd *command, c *cli) *flag.FlagSet {
+// flagGroup is a group of flags that several commands share: connFlags,
+// target.
+type flagGroup interface{ register(fs *flag.FlagSet) }
+
+// newFlagSet returns a flag set for cmd with the flags of groups, which
+// reports nothing itself: parse prints help and errors.
+func newFlagSet(cmd *command, groups ...flagGroup) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemctl "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	for _, g := range groups {
+		g.register(fs)
+	}
 	return fs
 }
 
@@ -196,6 +202,15 @@ func parse(c *cli, cmd *command, fs *flag.FlagSet, args []string) (pos []string,
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// parseFlags is parse for a command that takes no argument.
+func parseFlags(c *cli, cmd *command, fs *flag.FlagSet, args []string) (status int, ok bool) {
+	pos, status, ok := parse(c, cmd, fs, args)
+	if ok && len(pos) > 0 {
+		return c.usageFailed(cmd, usagef("unexpected argument %q", pos[0])), false
+	}
+	return status, ok
 }
 
 // usageFailed reports a usage error of cmd and returns exitUsage.

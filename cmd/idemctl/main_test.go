@@ -7,6 +7,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +92,35 @@ func (r result) jsonLines(t *testing.T) []recordJSON {
 	return out
 }
 
+// lines fails t unless stdout has, for each of want, a line whose first
+// columns (two spaces or more apart) are want's, the last one as a prefix.
+func (r result) lines(t *testing.T, want [][]string) result {
+	t.Helper()
+	for _, cells := range want {
+		if !hasRow(r.stdout, cells) {
+			t.Errorf("no line %q in\n%s", cells, r.stdout)
+		}
+	}
+	return r
+}
+
+// columns splits a line of a table into its columns.
+var columns = regexp.MustCompile(`\s{2,}`)
+
+func hasRow(out string, want []string) bool {
+	for line := range strings.Lines(out) {
+		got := columns.Split(strings.TrimSpace(line), -1)
+		if len(got) < len(want) {
+			continue
+		}
+		n := len(want) - 1
+		if slices.Equal(got[:n], want[:n]) && strings.HasPrefix(got[n], want[n]) {
+			return true
+		}
+	}
+	return false
+}
+
 // rows returns list's table rows (without the header line).
 func (r result) rows() []string {
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
@@ -112,7 +143,7 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(top, "  "+c.name+" ") {
 			t.Errorf("the top-level help does not list %s", c.name)
 		}
-		idemctl(t, nil, "help", c.name).want(t, exitOK).contains(t, "Usage: idemctl "+c.name)
+		idemctl(t, nil, "help", c.name).want(t, exitOK).contains(t, "Usage: idemctl "+c.name, "Flags:\n  -")
 	}
 	idemctl(t, nil).want(t, exitUsage).contains(t, "Commands:")
 	idemctl(t, nil, "frobnicate").want(t, exitUsage).contains(t, `unknown command "frobnicate"`)
@@ -229,18 +260,19 @@ func TestPreview(t *testing.T) {
 	}
 }
 
-func TestLeaseForms(t *testing.T) {
-	end, ok := parseLease("1764550000123")
-	if !ok || end.UnixMilli() != 1764550000123 {
-		t.Errorf("Unix ms lease: %v %v", end, ok)
-	}
-	end, ok = parseLease("1764550000:123456:10000")
-	if !ok || end.UnixMilli() != 1764550000123+10000 {
-		t.Errorf("previous form: %v %v", end.UnixMilli(), ok)
-	}
-	for _, bad := range []string{"", "0123", "1e3", "nan", "1:2", "1:1234567:1", " 1"} {
-		if _, ok := parseLease(bad); ok {
-			t.Errorf("lease %q was read", bad)
+func TestHuman(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                     "0s",
+		850 * time.Millisecond:                "850ms",
+		9887 * time.Millisecond:               "9.887s",
+		-19560 * time.Millisecond:             "-19.56s",
+		5*time.Minute + 3400*time.Millisecond: "5m3s",
+		time.Hour:                             "1h0m",
+		24*time.Hour - 61*time.Second:         "23h59m",
+		3*time.Hour + 20*time.Second:          "3h0m",
+	} {
+		if got := human(d); got != want {
+			t.Errorf("human(%v) = %q, want %q", d, got, want)
 		}
 	}
 }

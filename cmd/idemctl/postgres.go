@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,22 +11,23 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/go-idempotency/idempotency/internal/pgname"
 	"github.com/go-idempotency/idempotency/internal/wire"
-	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/go-idempotency/idempotency/servercheck"
 )
 
 // pgBackend works on pgstore's records: one row per record (see
 // pgstore/README.md and schema.sql).
 type pgBackend struct {
 	conn  *pgx.Conn
-	table pgTable
+	table pgname.Table
 	where string
 }
 
-func (b *pgBackend) describe() string { return fmt.Sprintf("%s, table %s", b.where, b.table.name) }
+func (b *pgBackend) describe() string { return fmt.Sprintf("%s, table %s", b.where, b.table.String()) }
 
 func (b *pgBackend) location(key string) string {
-	return fmt.Sprintf("%s row %s", b.table.name, key)
+	return fmt.Sprintf("%s row %s", b.table.String(), key)
 }
 
 func (b *pgBackend) close() {
@@ -38,7 +38,7 @@ func (b *pgBackend) close() {
 
 // sql returns query with {table} replaced by the quoted table name.
 func (b *pgBackend) sql(query string) string {
-	return strings.ReplaceAll(query, "{table}", b.table.quoted)
+	return strings.ReplaceAll(query, "{table}", b.table.Quoted())
 }
 
 // pgRow is a record's row as the inspect query reads it.
@@ -179,7 +179,7 @@ func (b *pgBackend) remove(ctx context.Context, key string, rule removal) (*reco
 	}
 	if r.watched {
 		// As pgstore's release: waiters re-check when the row is gone.
-		if _, err := tx.Exec(ctx, `SELECT pg_notify($1::text, $2::text)`, b.table.name, key); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1::text, $2::text)`, b.table.String(), key); err != nil {
 			return nil, err
 		}
 	}
@@ -197,7 +197,7 @@ FROM {table} WHERE key > $1::text ORDER BY key LIMIT $2::integer`
 
 func (b *pgBackend) list(ctx context.Context, c *cli, opts listOptions, emit func(*record) error) error {
 	prog := newProgress(c, opts.quiet, "rows")
-	prog.node = b.table.name
+	prog.node = b.table.String()
 	defer prog.done()
 	after := ""
 	for {
@@ -236,12 +236,8 @@ func (b *pgBackend) list(ctx context.Context, c *cli, opts listOptions, emit fun
 		if len(page) < opts.batch {
 			return nil
 		}
-		if opts.pause > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(opts.pause):
-			}
+		if err := sleep(ctx, opts.pause); err != nil {
+			return err
 		}
 	}
 }
@@ -281,11 +277,11 @@ func (b *pgBackend) stats(ctx context.Context, _ *cli, _ statsOptions) (*statsRe
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	t := &tableSize{Table: b.table.name}
+	t := &tableSize{Table: b.table.String()}
 	err = b.conn.QueryRow(ctx, `
 SELECT pg_total_relation_size(c.oid), pg_relation_size(c.oid), pg_indexes_size(c.oid),
 	coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), greatest(c.reltuples, -1)::bigint
-FROM pg_class c WHERE c.oid = to_regclass($1::text)`, b.table.quoted).Scan(&t.Total, &t.Heap, &t.Index, &t.Toast, &t.EstimatedRows)
+FROM pg_class c WHERE c.oid = to_regclass($1::text)`, b.table.Quoted()).Scan(&t.Total, &t.Heap, &t.Index, &t.Toast, &t.EstimatedRows)
 	if err != nil {
 		return nil, fmt.Errorf("table size: %w", err)
 	}
@@ -294,271 +290,6 @@ FROM pg_class c WHERE c.oid = to_regclass($1::text)`, b.table.quoted).Scan(&t.To
 	return res, nil
 }
 
-// pgColumns are the columns of pgstore's table and their types.
-var pgColumns = []struct{ name, typ string }{
-	{"key", "text"}, {"state", "text"}, {"token", "text"}, {"fingerprint", "bytea"}, {"epoch", "bigint"},
-	{"lease_until", "timestamp with time zone"}, {"ttl_until", "timestamp with time zone"},
-	{"expires_at", "timestamp with time zone"}, {"watched", "boolean"}, {"status", "integer"},
-	{"headers", "bytea"}, {"body", "bytea"}, {"body_omitted", "boolean"}, {"updated_at", "timestamp with time zone"},
-}
-
-// pgCheck judges a PostgreSQL server and pgstore's table.
-func (b *pgBackend) check(ctx context.Context, opts checkOptions) (redisstore.Report, error) {
-	var out []redisstore.Finding
-	add := func(item string, v redisstore.Verdict, value, detail string) {
-		out = append(out, redisstore.Finding{Item: item, Verdict: v, Value: value, Detail: detail})
-	}
-	show := func(name string) (string, error) {
-		var v string
-		err := b.conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v)
-		return v, err
-	}
-
-	var versionNum int
-	var version string
-	if err := b.conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&versionNum, &version); err != nil {
-		return redisstore.Report{}, err
-	}
-	if versionNum >= 120000 {
-		add("version", redisstore.OK, "PostgreSQL "+version, "12 or later: the schema's stored generated column works")
-	} else {
-		add("version", redisstore.Fail, "PostgreSQL "+version, "pgstore needs PostgreSQL 12 or later (a stored generated column)")
-	}
-
-	var standby bool
-	if err := b.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
-		return redisstore.Report{}, err
-	}
-	if standby {
-		add("recovery", redisstore.Fail, "standby", "this server is a standby: it refuses every write of the store; connect to the primary")
-	} else {
-		add("recovery", redisstore.OK, "primary", "writes go here")
-	}
-
-	var exists bool
-	if err := b.conn.QueryRow(ctx, "SELECT to_regclass($1::text) IS NOT NULL", b.table.quoted).Scan(&exists); err != nil {
-		return redisstore.Report{}, err
-	}
-	if !exists {
-		add("table", redisstore.Fail, b.table.name+" missing",
-			"the table does not exist (in this connection's search_path): run pgstore.Migrate, or the SQL of pgstore.Schema in your migrations")
-	} else {
-		add("table", redisstore.OK, b.table.name, "exists")
-		if err := b.checkTable(ctx, add, opts); err != nil {
-			return redisstore.Report{}, err
-		}
-	}
-
-	fsync, err := show("fsync")
-	if err != nil {
-		return redisstore.Report{}, err
-	}
-	if fsync == "on" {
-		add("fsync", redisstore.OK, "on", "commits reach the disk")
-	} else {
-		add("fsync", redisstore.Fail, fsync, "a crash of the server can lose or corrupt committed records; turn fsync on")
-	}
-	if fpw, err := show("full_page_writes"); err == nil && fpw != "on" {
-		add("full_page_writes", redisstore.Warn, fpw, "a crash during a page write can corrupt the table; turn full_page_writes on")
-	}
-
-	syncCommit, err := show("synchronous_commit")
-	if err != nil {
-		return redisstore.Report{}, err
-	}
-	syncNames, err := show("synchronous_standby_names")
-	if err != nil {
-		return redisstore.Report{}, err
-	}
-	switch {
-	case syncCommit == "off":
-		add("synchronous_commit", redisstore.Warn, "off",
-			"a commit is acknowledged before it is on disk: a crash loses the last commits, completed records (and on transactional routes the handler's writes with them), and their keys run again; use on")
-	case syncCommit == "local" && syncNames != "":
-		add("synchronous_commit", redisstore.Warn, "local",
-			"commits do not wait for the synchronous standbys: a failover can lose the last ones; use on or remote_apply")
-	default:
-		add("synchronous_commit", redisstore.OK, syncCommit, "a commit is on disk before it is acknowledged")
-	}
-
-	var standbys int
-	if err := b.conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication").Scan(&standbys); err != nil {
-		return redisstore.Report{}, err
-	}
-	switch {
-	case standbys == 0:
-		add("replication", redisstore.Info, "no standbys streaming from this server", "a failover, if any, is to a copy this server does not feed")
-	case syncNames == "":
-		add("replication", redisstore.Warn, fmt.Sprintf("%d asynchronous standbys", standbys),
-			"a failover to a standby loses the commits it had not received: records, and their keys run again; set synchronous_standby_names (with synchronous_commit on or remote_apply)")
-	default:
-		add("replication", redisstore.OK, fmt.Sprintf("%d standbys, synchronous_standby_names %q", standbys, syncNames),
-			"a commit is on a synchronous standby before it is acknowledged")
-	}
-
-	idle, err := show("idle_in_transaction_session_timeout")
-	if err != nil {
-		return redisstore.Report{}, err
-	}
-	if idle == "0" {
-		add("idle_in_transaction_session_timeout", redisstore.Warn, "0 (none)",
-			"a transactional route's transaction abandoned by a frozen process keeps its row locks and connection forever; set it on the application's role (this is what this connection's role sees)")
-	} else {
-		add("idle_in_transaction_session_timeout", redisstore.OK, idle, "abandoned transactions end")
-	}
-
-	av, err := show("autovacuum")
-	if err != nil {
-		return redisstore.Report{}, err
-	}
-	if av != "on" {
-		add("autovacuum", redisstore.Warn, av, "every request writes, updates and later deletes a row: without autovacuum the table bloats")
-	}
-
-	before := time.Now()
-	var serverNow time.Time
-	if err := b.conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&serverNow); err != nil {
-		return redisstore.Report{}, err
-	}
-	mid := before.Add(time.Since(before) / 2)
-	add("clock", redisstore.Info, describeClock(serverNow.Sub(mid)),
-		"leases and TTLs are judged by the server's clock alone (clock_timestamp()); the application's clocks do not matter")
-	return redisstore.Report{Findings: out}, nil
-}
-
-// checkTable judges the columns, keys, indexes and purge of the table.
-func (b *pgBackend) checkTable(ctx context.Context, add func(string, redisstore.Verdict, string, string), opts checkOptions) error {
-	rows, err := b.conn.Query(ctx, `
-SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
-WHERE attrelid = to_regclass($1::text) AND attnum > 0 AND NOT attisdropped`, b.table.quoted)
-	if err != nil {
-		return err
-	}
-	have := map[string]string{}
-	for rows.Next() {
-		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
-			rows.Close()
-			return err
-		}
-		have[name] = typ
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	var wrong []string
-	for _, c := range pgColumns {
-		switch got, ok := have[c.name]; {
-		case !ok:
-			wrong = append(wrong, c.name+" missing")
-		case got != c.typ:
-			wrong = append(wrong, fmt.Sprintf("%s is %s, not %s", c.name, got, c.typ))
-		}
-	}
-	if len(wrong) > 0 {
-		add("columns", redisstore.Fail, strings.Join(wrong, "; "), "the table is not pgstore's: compare it with pgstore.Schema")
-	} else {
-		add("columns", redisstore.OK, fmt.Sprintf("%d columns", len(pgColumns)), "as pgstore.Schema creates them")
-	}
-
-	var pk []string
-	rows, err = b.conn.Query(ctx, `
-SELECT a.attname FROM pg_index x JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = ANY (x.indkey)
-WHERE x.indrelid = to_regclass($1::text) AND x.indisprimary`, b.table.quoted)
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			rows.Close()
-			return err
-		}
-		pk = append(pk, n)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if slices.Equal(pk, []string{"key"}) {
-		add("primary-key", redisstore.OK, "(key)", "one row per storage key: acquire's INSERT ... ON CONFLICT (key) needs it")
-	} else {
-		add("primary-key", redisstore.Fail, fmt.Sprintf("(%s)", strings.Join(pk, ", ")),
-			"the primary key must be (key): acquire's INSERT ... ON CONFLICT (key) needs it")
-	}
-
-	// The acquire statement calls <table>_acquire (pgstore.Schema creates
-	// it beside the table) whenever a record must be made or changed.
-	fn := b.table.acquireFunction()
-	var found bool
-	if err := b.conn.QueryRow(ctx, `SELECT to_regproc($1::text) IS NOT NULL`, fn).Scan(&found); err != nil {
-		return err
-	}
-	if found {
-		add("acquire-function", redisstore.OK, fn, "acquire calls it when a record must be made or changed")
-	} else {
-		add("acquire-function", redisstore.Fail, fn+" missing",
-			"every new key fails without it: run pgstore.Migrate, or the SQL of pgstore.Schema in your migrations")
-	}
-
-	var index *string
-	err = b.conn.QueryRow(ctx, `
-SELECT i.relname::text FROM pg_index x
-JOIN pg_class i ON i.oid = x.indexrelid
-JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
-WHERE x.indrelid = to_regclass($1::text) AND a.attname = 'expires_at' AND x.indisvalid
-LIMIT 1`, b.table.quoted).Scan(&index)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return err
-	}
-	if index != nil {
-		add("expires-at-index", redisstore.OK, *index, "the purge walks it from the oldest entry: a batch costs the rows it deletes")
-	} else {
-		add("expires-at-index", redisstore.Warn, "missing",
-			"without an index on expires_at every purge batch scans the whole table; create it (see pgstore.Schema)")
-	}
-
-	var reloptions []string
-	if err := b.conn.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = to_regclass($1::text)`,
-		b.table.quoted).Scan(&reloptions); err != nil {
-		return err
-	}
-	if slices.Contains(reloptions, "autovacuum_enabled=false") {
-		add("autovacuum", redisstore.Warn, "off for "+b.table.name,
-			"every request writes, updates and later deletes a row: without autovacuum the table bloats")
-	}
-
-	if _, ok := have["expires_at"]; !ok {
-		add("purge", redisstore.Info, "not checked", "the table has no expires_at column")
-		return nil
-	}
-	var oldest *time.Time
-	var now time.Time
-	if err := b.conn.QueryRow(ctx, b.sql(`
-SELECT (SELECT min(expires_at) FROM {table} WHERE expires_at <= n), n FROM (SELECT clock_timestamp() AS n) now`)).Scan(&oldest, &now); err != nil {
-		return err
-	}
-	switch {
-	case oldest == nil:
-		add("purge", redisstore.OK, "no row past its expiry", "expired rows are being deleted")
-	case now.Sub(*oldest) > opts.purgeLag:
-		add("purge", redisstore.Warn, fmt.Sprintf("a row expired %s ago is still there", human(now.Sub(*oldest))),
-			"expired rows are absent to requests but take space until purged: run the purge (pgstore.WithPurgeInterval on an instance, or a job calling Store.Purge until it returns a short batch)")
-	default:
-		add("purge", redisstore.OK, fmt.Sprintf("the oldest row past its expiry expired %s ago", human(now.Sub(*oldest))),
-			fmt.Sprintf("within -purge-lag %v", opts.purgeLag))
-	}
-	return nil
-}
-
-func describeClock(d time.Duration) string {
-	d = d.Round(time.Millisecond)
-	switch {
-	case d > 0:
-		return d.String() + " ahead of this host"
-	case d < 0:
-		return (-d).String() + " behind this host"
-	}
-	return "in step with this host"
+func (b *pgBackend) check(ctx context.Context, opts checkOptions) (servercheck.Report, error) {
+	return servercheck.Postgres(ctx, b.conn, b.table.String(), servercheck.WithPurgeLag(opts.purgeLag))
 }

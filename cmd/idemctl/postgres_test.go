@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
+	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
@@ -46,6 +47,25 @@ func (f *pgFixture) exec(t *testing.T, sql string, args ...any) {
 	}
 }
 
+// waitFor waits until cond, an SQL condition on the row of storage key
+// sk, holds on the server's clock.
+func (f *pgFixture) waitFor(t *testing.T, sk, cond string) {
+	t.Helper()
+	if !redistest.WaitFor(5*time.Second, func() bool {
+		var ok bool
+		err := f.pool.QueryRow(context.Background(), "SELECT "+cond+" FROM idempotency_records WHERE key = $1", sk).Scan(&ok)
+		return err == nil && ok
+	}) {
+		t.Fatalf("%s never held for %s", cond, sk)
+	}
+}
+
+// The conditions waitFor waits for.
+const (
+	leaseRanOut = "lease_until <= clock_timestamp()"
+	rowExpired  = "expires_at <= clock_timestamp()"
+)
+
 func (f *pgFixture) rows(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -63,7 +83,7 @@ func TestPostgresInspect(t *testing.T) {
 	r.contains(t, "storage key  "+sk, "location     idempotency_records row "+sk, "state        complete",
 		"status       201 Created", "  Content-Type: application/json", "body         1024 bytes, first 512 shown",
 		`  | {"id":"ch_1"`, "updated      ")
-	if !strings.Contains(r.stdout, "expires in   59m") && !strings.Contains(r.stdout, "expires in   1h0m0s") {
+	if !strings.Contains(r.stdout, "expires in   59m") && !strings.Contains(r.stdout, "expires in   1h0m\n") {
 		t.Errorf("no TTL left shown:\n%s", r.stdout)
 	}
 
@@ -82,7 +102,7 @@ func TestPostgresInspect(t *testing.T) {
 	if err := f.store.Complete(context.Background(), sk2, tok, jsonResponse([]byte("{}")), 20*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	f.waitFor(t, sk2, rowExpired)
 	f.run(t, "inspect", sk2).want(t, exitOK).contains(t, "state        expired", "absent to requests")
 
 	// A headers block that does not decode.
@@ -141,19 +161,19 @@ func TestPostgresDeleteAndRelease(t *testing.T) {
 	}
 
 	ranOut, _ := hold(t, f.store, "", "ran-out", 10*time.Millisecond, time.Hour)
-	time.Sleep(30 * time.Millisecond)
+	f.waitFor(t, ranOut, leaseRanOut)
 	f.run(t, "release", ranOut).want(t, exitOK).contains(t, "lease ran out")
 
 	// An expired row is absent to release, and delete removes it.
 	gone, _ := hold(t, f.store, "", "gone", 10*time.Millisecond, 10*time.Millisecond)
-	time.Sleep(30 * time.Millisecond)
+	f.waitFor(t, gone, rowExpired)
 	f.run(t, "release", gone).want(t, exitNotFound)
 	f.run(t, "delete", gone).want(t, exitOK).contains(t, "(expired")
 	f.run(t, "delete", gone).want(t, exitNotFound)
 
 	// A row locked by a transaction in progress is not waited for.
 	locked, _ := hold(t, f.store, "", "locked", 10*time.Millisecond, time.Hour)
-	time.Sleep(30 * time.Millisecond)
+	f.waitFor(t, locked, leaseRanOut)
 	tx, err := f.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +226,7 @@ func TestPostgresList(t *testing.T) {
 	}
 
 	gone, _ := hold(t, f.store, "", "gone", 10*time.Millisecond, 10*time.Millisecond)
-	time.Sleep(30 * time.Millisecond)
+	f.waitFor(t, gone, rowExpired)
 	if got := keysOf(f.run(t, "list", "-state", "expired").want(t, exitOK).rows()); len(got) != 1 || got[0] != gone {
 		t.Errorf("list -state expired: %v, want %s", got, gone)
 	}
@@ -222,8 +242,8 @@ func TestPostgresStats(t *testing.T) {
 		complete(t, f.store, "", fmt.Sprint("c-", i), jsonResponse(kib), time.Hour)
 	}
 	hold(t, f.store, "", "live", time.Minute, time.Hour)
-	hold(t, f.store, "", "gone", 10*time.Millisecond, 10*time.Millisecond)
-	time.Sleep(30 * time.Millisecond)
+	gone, _ := hold(t, f.store, "", "gone", 10*time.Millisecond, 10*time.Millisecond)
+	f.waitFor(t, gone, rowExpired)
 
 	var res statsResult
 	f.run(t, "stats", "-json").want(t, exitOK).decode(t, &res)
@@ -251,10 +271,10 @@ func TestPostgresStats(t *testing.T) {
 func TestPostgresCheck(t *testing.T) {
 	f := newPGFixture(t)
 	r := f.run(t, "check").want(t, exitOK)
-	r.contains(t, "OK    version", "OK    recovery           primary", "OK    table              idempotency_records",
-		"OK    columns            14 columns", "OK    primary-key        (key)", "OK    expires-at-index   idempotency_records_expires_at_idx",
-		`OK    acquire-function   "idempotency_records_acquire"`,
-		"OK    fsync", "OK    purge              no row past its expiry", "INFO  clock")
+	r.lines(t, [][]string{{"OK", "version"}, {"OK", "recovery", "primary"}, {"OK", "table", "idempotency_records"},
+		{"OK", "columns", "14 columns"}, {"OK", "primary-key", "(key)"}, {"OK", "expires-at-index", "idempotency_records_expires_at_idx"},
+		{"OK", "acquire-function", `"idempotency_records_acquire"`},
+		{"OK", "fsync"}, {"OK", "purge", "no row past its expiry"}, {"INFO", "clock"}})
 	if strings.Contains(r.stdout, "\nFAIL") {
 		t.Errorf("FAIL on a fresh table:\n%s", r.stdout)
 	}
@@ -272,30 +292,31 @@ func TestPostgresCheck(t *testing.T) {
 	// The role's settings are what this connection sees: a timeout set on
 	// the database clears that warning.
 	f.exec(t, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = '60s'`, pgx.Identifier{dbName(t, f)}.Sanitize()))
-	f.run(t, "check").want(t, exitOK).contains(t, "OK    idle_in_transaction_session_timeout 1min")
+	f.run(t, "check").want(t, exitOK).lines(t, [][]string{{"OK", "idle_in_transaction_session_timeout", "1min"}})
 	f.exec(t, fmt.Sprintf(`ALTER DATABASE %s SET synchronous_commit = off`, pgx.Identifier{dbName(t, f)}.Sanitize()))
-	f.run(t, "check").want(t, exitOK).contains(t, "WARN  synchronous_commit off")
+	f.run(t, "check").want(t, exitOK).lines(t, [][]string{{"WARN", "synchronous_commit", "off"}})
 	f.run(t, "check", "-strict").want(t, exitFailure)
 
 	// An old expired row: the purge is not running.
 	sk, _ := hold(t, f.store, "", "stale", 10*time.Millisecond, 10*time.Millisecond)
 	f.exec(t, "UPDATE idempotency_records SET ttl_until = ttl_until - interval '3 hours', lease_until = lease_until - interval '3 hours' WHERE key = $1", sk)
-	f.run(t, "check").want(t, exitOK).contains(t, "WARN  purge              a row expired 3h0m")
-	f.run(t, "check", "-purge-lag", "4h").want(t, exitOK).contains(t, "OK    purge")
+	f.run(t, "check").want(t, exitOK).lines(t, [][]string{{"WARN", "purge", "a row expired 3h0m"}})
+	f.run(t, "check", "-purge-lag", "4h").want(t, exitOK).lines(t, [][]string{{"OK", "purge"}})
+	f.run(t, "check", "-purge-lag", "-1s").want(t, exitUsage).contains(t, "-purge-lag -1s is negative")
 
 	// No index on expires_at.
 	f.exec(t, `DROP INDEX idempotency_records_expires_at_idx`)
-	f.run(t, "check").want(t, exitOK).contains(t, "WARN  expires-at-index   missing")
+	f.run(t, "check").want(t, exitOK).lines(t, [][]string{{"WARN", "expires-at-index", "missing"}})
 
 	// No acquire function: every new key would fail.
 	f.exec(t, `DROP FUNCTION idempotency_records_acquire`)
-	f.run(t, "check").want(t, exitFailure).contains(t, `FAIL  acquire-function   "idempotency_records_acquire" missing`)
+	f.run(t, "check").want(t, exitFailure).lines(t, [][]string{{"FAIL", "acquire-function", `"idempotency_records_acquire" missing`}})
 
 	// A table that is not there, and one that is not pgstore's.
-	f.run(t, "check", "-table", "nope").want(t, exitFailure).contains(t, "FAIL  table              nope missing", "UNSAFE")
+	f.run(t, "check", "-table", "nope").want(t, exitFailure).lines(t, [][]string{{"FAIL", "table", "nope missing"}}).contains(t, "UNSAFE")
 	f.exec(t, `CREATE TABLE other (id bigint PRIMARY KEY, state text)`)
 	f.run(t, "check", "-table", "other").want(t, exitFailure).
-		contains(t, "FAIL  columns            key missing", "FAIL  primary-key        (id)")
+		lines(t, [][]string{{"FAIL", "columns", "key missing"}, {"FAIL", "primary-key", "(id)"}})
 }
 
 // dbName returns the name of f's database.
@@ -321,7 +342,7 @@ func TestPostgresSchemaTable(t *testing.T) {
 	defer s.Close()
 	sk := complete(t, s, "", "k", jsonResponse([]byte("{}")), time.Hour)
 	idemctl(t, nil, "inspect", "-postgres", url, "-table", "billing.idem", sk).want(t, exitOK).contains(t, "billing.idem row "+sk)
-	idemctl(t, nil, "check", "-postgres", url, "-table", "billing.idem").want(t, exitOK).contains(t, "OK    expires-at-index   idem_expires_at_idx",
-		`OK    acquire-function   "billing"."idem_acquire"`)
+	idemctl(t, nil, "check", "-postgres", url, "-table", "billing.idem").want(t, exitOK).lines(t, [][]string{{"OK", "expires-at-index", "idem_expires_at_idx"},
+		{"OK", "acquire-function", `"billing"."idem_acquire"`}})
 	idemctl(t, nil, "inspect", "-postgres", url, sk).want(t, exitFailure).contains(t, "does not exist")
 }

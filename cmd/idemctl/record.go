@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -17,8 +17,6 @@ import (
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
-
-	"github.com/go-idempotency/idempotency/internal/wire"
 )
 
 // Record states as idemctl shows them: the stores' two, and the ones a
@@ -127,11 +125,11 @@ func (c *cli) printJSON(cmd *command, v any) int {
 // writeJSON writes v as one line of JSON, escaping the characters that a
 // terminal would not show as they are (see escapeJSON).
 func writeJSON(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(v); err != nil {
 		return err
 	}
-	_, err = w.Write(append(escapeJSON(b), '\n'))
+	_, err := w.Write(escapeJSON(b.Bytes()))
 	return err
 }
 
@@ -202,13 +200,7 @@ func (r *record) writeText(w io.Writer) {
 	line("watched", "%s", yesNo(r.Watched))
 	if r.Status != 0 {
 		line("status", "%d %s", r.Status, http.StatusText(r.Status))
-		names := slices.Sorted(func(yield func(string) bool) {
-			for k := range r.Header {
-				if !yield(k) {
-					return
-				}
-			}
-		})
+		names := slices.Sorted(maps.Keys(r.Header))
 		if len(names) == 0 {
 			line("headers", "none")
 		} else {
@@ -299,15 +291,24 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// human renders d for people: milliseconds under a minute, seconds above.
+// human renders d for people, less precisely the longer it is: 850ms,
+// 9.887s, 5m3s, 23h59m.
 func human(d time.Duration) string {
 	switch {
 	case d < 0:
 		return "-" + human(-d)
 	case d < time.Minute:
-		return d.Round(time.Millisecond).String()
+		d = d.Round(time.Millisecond)
+	case d < time.Hour:
+		d = d.Round(time.Second)
+	default:
+		d = d.Round(time.Minute)
 	}
-	return d.Round(time.Second).String()
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	return s
 }
 
 // removal is what delete and release may remove.
@@ -351,277 +352,4 @@ func (u removal) judge(r *record) error {
 		}
 	}
 	return nil
-}
-
-// The layout of a redisstore record, as redisstore's scripts write and read
-// it (acquire.lua, complete.lua, extend.lua, release.lua, watch.lua; see
-// redisstore/record.go): a hash at the prefix and the storage key. Only
-// decodeRedis (and the helpers it calls) reads the fields; the rest of
-// idemctl gets a rawRecord, every field of the hash, from read.lua.
-//
-// The current layout has a head, field h:
-//
-//	<state><token length>:<token><epoch>:<lease end>:<fingerprint>
-//
-// with state "p" (in progress), "P" (in progress, and a waiter watches it)
-// or "c" (complete); the lease end is in Unix milliseconds on the server's
-// clock. A COMPLETE record adds the field "c" + fingerprint, its
-// payload: the length of the meta block as a uvarint, the meta block
-// (internal/wire) and the body.
-//
-// The previous layout, still read during a rolling upgrade, has the fields
-// state ("in_progress" or "complete"), token, fp, epoch, lease (the lease's
-// end in Unix milliseconds on the server's clock, or the older
-// "seconds:microseconds:ms"), watched, and for a COMPLETE record meta and
-// body.
-
-// rawRecord is a record key as Redis holds it: its type, expiry and, for a
-// hash, every field with (at most) the first bytes of its value.
-type rawRecord struct {
-	typ    string        // TYPE: "hash" for a record
-	pttl   time.Duration // PTTL: -1 without expiry
-	fields []rawField    // HGETALL's order
-	now    time.Time     // the server's TIME
-}
-
-// rawField is one field of a record's hash.
-type rawField struct {
-	name  string
-	size  int64  // the value's length
-	value string // its first bytes: all of it when len(value) == size
-}
-
-// whole reports whether f's value was read in full.
-func (f rawField) whole() bool { return int64(len(f.value)) == f.size }
-
-// field returns the field named name.
-func (r *rawRecord) field(name string) (rawField, bool) {
-	for _, f := range r.fields {
-		if f.name == name {
-			return f, true
-		}
-	}
-	return rawField{}, false
-}
-
-// decodeRedis turns raw, the record key of storage key key at location,
-// into a record, judging it as redisstore's acquire.lua does: a value that
-// acquire.lua would report as corrupt is shown as corrupt, with its
-// reason. bodyLimit bounds the body preview.
-func decodeRedis(key, location string, raw *rawRecord, bodyLimit int) *record {
-	rec := &record{Key: key, Location: location, ServerTime: raw.now}
-	if raw.pttl >= 0 {
-		d := raw.pttl
-		rec.ExpiresIn = &d
-	}
-	corrupt := func(problem string) *record {
-		rec.State, rec.Problem = stateCorrupt, problem
-		return rec
-	}
-	if raw.typ != "hash" {
-		return corrupt("the key holds a " + raw.typ + ", not a hash")
-	}
-	if h, ok := raw.field("h"); ok {
-		if !h.whole() {
-			return corrupt(fmt.Sprintf("field h is %d bytes long, more than idemctl read", h.size))
-		}
-		if problem := decodeHead(rec, raw, h.value, bodyLimit); problem != "" {
-			return corrupt(problem)
-		}
-		return rec
-	}
-	if _, ok := raw.field("state"); ok {
-		if problem := decodePrevious(rec, raw, bodyLimit); problem != "" {
-			return corrupt(problem)
-		}
-		return rec
-	}
-	return corrupt("field h is missing")
-}
-
-// decodeHead fills rec from a record of the current layout with head h,
-// or returns why acquire.lua would report it as corrupt.
-func decodeHead(rec *record, raw *rawRecord, h string, bodyLimit int) string {
-	malformedToken := "field h: malformed state or token length"
-	if h == "" || !strings.ContainsRune("cpP", rune(h[0])) {
-		return malformedToken
-	}
-	state := h[0]
-	tl, rest, ok := strings.Cut(h[1:], ":")
-	if !ok || !digits(tl, 9) {
-		return malformedToken
-	}
-	n, _ := strconv.Atoi(tl)
-	if n > len(rest) {
-		return "field h: malformed epoch or lease end"
-	}
-	rec.Token, rest = rest[:n], rest[n:]
-	e, rest, ok1 := strings.Cut(rest, ":")
-	d, fp, ok2 := strings.Cut(rest, ":")
-	epoch, epochOK := parseEpoch(e)
-	leaseEnd, endOK := parseEpoch(d) // the same grammar: 1 to 15 digits
-	if !ok1 || !ok2 || !epochOK || !endOK {
-		return "field h: malformed epoch or lease end"
-	}
-	rec.Epoch, rec.Fingerprint = epoch, []byte(fp)
-	if state != 'c' {
-		rec.LeaseEnd = time.UnixMilli(leaseEnd)
-		left := rec.LeaseEnd.Sub(raw.now.Truncate(time.Millisecond))
-		rec.LeaseLeft = &left
-		rec.Watched = state == 'P'
-		rec.State = stateInProgress
-		return ""
-	}
-	payload, ok := raw.field("c" + fp)
-	if !ok {
-		return fmt.Sprintf("field %q (the payload) is missing", "c"+fp)
-	}
-	rec.State = stateComplete
-	k, metaLen := uvarintPrefix(payload.value)
-	switch {
-	case k > 0 && uint64(payload.size-int64(k)) >= metaLen:
-	case k == 0 && !payload.whole():
-		rec.Unread = "the payload was not read far enough to decode it"
-		return ""
-	default:
-		return "payload: malformed meta length"
-	}
-	end := k + int(metaLen)
-	rec.BodyLen = payload.size - int64(end)
-	if end > len(payload.value) {
-		rec.Unread = "the headers were not read whole: inspect shows them"
-		return ""
-	}
-	if problem := decodeMeta(rec, payload.value[k:end]); problem != "" {
-		return problem
-	}
-	rec.Body = []byte(payload.value[end:min(len(payload.value), end+max(bodyLimit, 0))])
-	return ""
-}
-
-// decodeMeta sets rec's status and headers from a meta block, or returns
-// why it cannot be read.
-func decodeMeta(rec *record, meta string) string {
-	resp, err := wire.Decode(meta, "")
-	if err != nil {
-		return err.Error()
-	}
-	if resp.BodyOmitted && rec.BodyLen > 0 {
-		return "body present but marked omitted"
-	}
-	rec.Status, rec.Header, rec.BodyOmitted = resp.Status, resp.Header, resp.BodyOmitted
-	return ""
-}
-
-// decodePrevious fills rec from a record of the previous layout, or
-// returns why acquire.lua would report it as corrupt.
-func decodePrevious(rec *record, raw *rawRecord, bodyLimit int) string {
-	get := func(name string) (string, bool) {
-		f, ok := raw.field(name)
-		return f.value, ok
-	}
-	state, _ := get("state")
-	token, hasToken := get("token")
-	fp, hasFP := get("fp")
-	epochText, _ := get("epoch")
-	leaseText, _ := get("lease")
-	_, rec.Watched = get("watched")
-	rec.Token, rec.Fingerprint = token, []byte(fp)
-	epoch, epochOK := parseEpoch(epochText)
-	rec.Epoch = epoch
-	switch {
-	case state != stateInProgress && state != stateComplete:
-		return "field state holds an unknown value " + strconv.Quote(state)
-	case !hasFP:
-		return "field fp is missing"
-	case !epochOK:
-		return "field epoch is missing or not a positive integer of at most 15 digits"
-	}
-	if state == stateInProgress {
-		end, ok := parseLease(leaseText)
-		switch {
-		case !hasToken:
-			return "field token is missing"
-		case !ok:
-			return "field lease is missing or malformed"
-		}
-		rec.LeaseEnd = end
-		left := end.Sub(raw.now)
-		rec.LeaseLeft = &left
-		rec.State = stateInProgress
-		return ""
-	}
-	meta, hasMeta := raw.field("meta")
-	body, hasBody := raw.field("body")
-	switch {
-	case !hasMeta:
-		return "field meta is missing"
-	case !hasBody:
-		return "field body is missing"
-	}
-	rec.State, rec.BodyLen = stateComplete, body.size
-	if !meta.whole() {
-		rec.Unread = "the headers were not read whole: inspect shows them"
-		return ""
-	}
-	if problem := decodeMeta(rec, meta.value); problem != "" {
-		return problem
-	}
-	rec.Body = []byte(body.value[:min(len(body.value), max(bodyLimit, 0))])
-	return ""
-}
-
-// uvarintPrefix decodes the uvarint at the start of s and returns its
-// length in bytes (0 when s holds no whole, valid one) and its value.
-func uvarintPrefix(s string) (int, uint64) {
-	v, k := binary.Uvarint([]byte(s[:min(len(s), binary.MaxVarintLen64)]))
-	if k <= 0 {
-		return 0, 0
-	}
-	return k, v
-}
-
-// parseEpoch parses an epoch: 1 to 15 decimal digits, no leading zero.
-func parseEpoch(v string) (int64, bool) {
-	if !digits(v, 15) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	return n, err == nil
-}
-
-// digits reports whether v is 1 to n decimal digits without a leading
-// zero.
-func digits(v string, n int) bool {
-	if v == "" || len(v) > n || v[0] == '0' {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// parseLease returns the end of the lease in a lease field of the previous
-// layout: Unix milliseconds, or the older "seconds:microseconds:ms".
-func parseLease(v string) (time.Time, bool) {
-	if digits(v, 15) {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		return time.UnixMilli(n), true
-	}
-	parts := strings.Split(v, ":")
-	if len(parts) != 3 {
-		return time.Time{}, false
-	}
-	var n [3]int64
-	for i, limit := range [3]int{12, 6, 13} {
-		p := parts[i]
-		if p == "" || len(p) > limit || strings.Trim(p, "0123456789") != "" {
-			return time.Time{}, false
-		}
-		n[i], _ = strconv.ParseInt(p, 10, 64)
-	}
-	return time.UnixMilli(n[0]*1000 + n[1]/1000 + n[2]), true
 }

@@ -13,35 +13,26 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/go-idempotency/idempotency/internal/redisrecord"
+	"github.com/go-idempotency/idempotency/internal/wire"
+	"github.com/go-idempotency/idempotency/servercheck"
 )
 
 // redisBackend works on redisstore's records: one hash per record at
-// prefix + storage key (see redisstore/README.md, Record layout).
+// prefix + storage key (see redisstore/README.md, Record layout, and
+// internal/redisrecord).
 type redisBackend struct {
 	client redis.UniversalClient
-	store  *redisstore.Store // for RecordKey, Channel and Check; never Closed before client
 	where  string
 	prefix string
 }
 
-func newRedisBackend(client redis.UniversalClient, where, prefix string) *redisBackend {
-	return &redisBackend{
-		client: client,
-		store:  redisstore.New(client, redisstore.WithPrefix(prefix), redisstore.WithoutStartupCheck()),
-		where:  where,
-		prefix: prefix,
-	}
-}
-
 func (b *redisBackend) describe() string { return fmt.Sprintf("%s, prefix %q", b.where, b.prefix) }
 
-func (b *redisBackend) location(key string) string { return b.store.RecordKey(key) }
+// location returns the Redis key of the record stored under key.
+func (b *redisBackend) location(key string) string { return b.prefix + key }
 
-func (b *redisBackend) close() {
-	b.store.Close()
-	b.client.Close()
-}
+func (b *redisBackend) close() { b.client.Close() }
 
 // node returns the client of the node that holds rkey: the master of its
 // slot on a Cluster, the client itself otherwise.
@@ -102,7 +93,7 @@ func parseRead(reply any, now time.Time) (*rawRecord, error) {
 // read reads the record key of storage key key, with its body up to
 // bodyLimit bytes; it returns nil when there is none.
 func (b *redisBackend) read(ctx context.Context, key string, bodyLimit int) (*record, *rawRecord, error) {
-	rkey := b.store.RecordKey(key)
+	rkey := b.location(key)
 	node, err := b.node(ctx, rkey)
 	if err != nil {
 		return nil, nil, err
@@ -143,7 +134,7 @@ func (b *redisBackend) deleteArgs(key string, raw *rawRecord, rec *record) []any
 	if rec.Watched {
 		message = "released"
 	}
-	args := []any{raw.typ, b.store.Channel(key), message}
+	args := []any{raw.typ, redisrecord.Channel(b.location(key)), message}
 	if raw.typ != "hash" {
 		return args
 	}
@@ -163,7 +154,7 @@ func (b *redisBackend) deleteArgs(key string, raw *rawRecord, rec *record) []any
 const removeAttempts = 5
 
 func (b *redisBackend) remove(ctx context.Context, key string, rule removal) (*record, error) {
-	rkey := b.store.RecordKey(key)
+	rkey := b.location(key)
 	for range removeAttempts {
 		rec, raw, err := b.read(ctx, key, 0)
 		if err != nil {
@@ -261,12 +252,8 @@ func (b *redisBackend) scan(ctx context.Context, count int64, pause time.Duratio
 			if cursor = next; cursor == 0 {
 				break
 			}
-			if pause > 0 {
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(pause):
-				}
+			if err := sleep(ctx, pause); err != nil {
+				return err
 			}
 		}
 	}
@@ -292,7 +279,7 @@ func (b *redisBackend) tryReadBatch(ctx context.Context, node redis.Cmdable, key
 	pipe := node.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = readScript.EvalSha(ctx, pipe, []string{b.store.RecordKey(k)}, scanReadLimit)
+		cmds[i] = readScript.EvalSha(ctx, pipe, []string{b.location(k)}, scanReadLimit)
 	}
 	tm := pipe.Time(ctx)
 	_, _ = pipe.Exec(ctx)
@@ -307,14 +294,14 @@ func (b *redisBackend) tryReadBatch(ctx context.Context, node redis.Cmdable, key
 			return nil, err
 		}
 		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", b.store.RecordKey(keys[i]), err)
+			return nil, fmt.Errorf("reading %s: %w", b.location(keys[i]), err)
 		}
 		raw, err := parseRead(reply, now)
 		if err != nil {
 			return nil, err
 		}
 		if raw != nil {
-			out = append(out, decodeRedis(keys[i], b.store.RecordKey(keys[i]), raw, 0))
+			out = append(out, decodeRedis(keys[i], b.location(keys[i]), raw, 0))
 		}
 	}
 	return out, nil
@@ -363,7 +350,7 @@ func (b *redisBackend) stats(ctx context.Context, c *cli, opts statsOptions) (*s
 			cat.BodyBytes += r.BodyLen
 			if cat.Sampled+pending[cat] < int64(opts.sample) {
 				pending[cat]++
-				samples = append(samples, sample{cat, pipe.MemoryUsage(ctx, b.store.RecordKey(r.Key), 0)})
+				samples = append(samples, sample{cat, pipe.MemoryUsage(ctx, b.location(r.Key), 0)})
 			}
 		}
 		if len(samples) > 0 {
@@ -391,14 +378,13 @@ func (b *redisBackend) stats(ctx context.Context, c *cli, opts statsOptions) (*s
 		return nil, err
 	}
 	for i, n := range nodes {
-		info, err := n.Info(ctx, "memory").Result()
-		if err != nil {
+		info := n.InfoMap(ctx, "memory")
+		if err := info.Err(); err != nil {
 			return nil, err
 		}
-		m := parseInfoText(info)
-		used, _ := strconv.ParseInt(m["used_memory"], 10, 64)
-		limit, _ := strconv.ParseInt(m["maxmemory"], 10, 64)
-		res.Servers = append(res.Servers, serverMemory{Node: names[i], UsedMemory: used, MaxMemory: limit, Policy: m["maxmemory_policy"]})
+		used, _ := strconv.ParseInt(info.Item("Memory", "used_memory"), 10, 64)
+		limit, _ := strconv.ParseInt(info.Item("Memory", "maxmemory"), 10, 64)
+		res.Servers = append(res.Servers, serverMemory{Node: names[i], UsedMemory: used, MaxMemory: limit, Policy: info.Item("Memory", "maxmemory_policy")})
 	}
 	res.finish()
 	return res, nil
@@ -415,17 +401,99 @@ func statsCategory(r *record) string {
 	return r.State
 }
 
-// parseInfoText returns the fields of an INFO reply.
-func parseInfoText(text string) map[string]string {
-	m := map[string]string{}
-	for _, line := range strings.Split(text, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
-			m[k] = v
-		}
-	}
-	return m
+func (b *redisBackend) check(ctx context.Context, _ checkOptions) (servercheck.Report, error) {
+	return servercheck.Redis(ctx, b.client)
 }
 
-func (b *redisBackend) check(ctx context.Context, _ checkOptions) (redisstore.Report, error) {
-	return b.store.Check(ctx)
+// rawRecord is a record key as Redis holds it: its type, expiry and, for a
+// hash, every field with (at most) the first bytes of its value, as
+// read.lua reads it.
+type rawRecord struct {
+	typ    string        // TYPE: "hash" for a record
+	pttl   time.Duration // PTTL: -1 without expiry
+	fields []rawField    // HGETALL's order
+	now    time.Time     // the server's TIME
+}
+
+// rawField is one field of a record's hash.
+type rawField struct {
+	name  string
+	size  int64  // the value's length
+	value string // its first bytes: all of it when len(value) == size
+}
+
+// whole reports whether f's value was read in full.
+func (f rawField) whole() bool { return int64(len(f.value)) == f.size }
+
+// field returns the field named name.
+func (r *rawRecord) field(name string) (rawField, bool) {
+	for _, f := range r.fields {
+		if f.name == name {
+			return f, true
+		}
+	}
+	return rawField{}, false
+}
+
+// decodeRedis turns raw, the record key of storage key key at location,
+// into a record, judging it as redisstore's acquire.lua does: a value that
+// acquire.lua would report as corrupt is shown as corrupt, with its
+// reason. bodyLimit bounds the body preview.
+func decodeRedis(key, location string, raw *rawRecord, bodyLimit int) *record {
+	rec := &record{Key: key, Location: location, ServerTime: raw.now}
+	if raw.pttl >= 0 {
+		d := raw.pttl
+		rec.ExpiresIn = &d
+	}
+	corrupt := func(problem string) *record {
+		rec.State, rec.Problem = stateCorrupt, problem
+		return rec
+	}
+	if raw.typ != "hash" {
+		return corrupt("the key holds a " + raw.typ + ", not a hash")
+	}
+	h, ok := raw.field(redisrecord.HeadField)
+	switch {
+	case !ok:
+		return corrupt("field h is missing")
+	case !h.whole():
+		return corrupt(fmt.Sprintf("field h is %d bytes long, more than idemctl read", h.size))
+	}
+	hd, err := redisrecord.ParseHead(h.value)
+	if err != nil {
+		return corrupt(err.Error())
+	}
+	rec.Token, rec.Epoch, rec.Fingerprint = hd.Token, hd.Epoch, []byte(hd.Fingerprint)
+	if hd.InProgress() {
+		rec.State, rec.Watched = stateInProgress, hd.State == redisrecord.Watched
+		rec.LeaseEnd = time.UnixMilli(hd.LeaseEnd)
+		left := rec.LeaseEnd.Sub(raw.now.Truncate(time.Millisecond))
+		rec.LeaseLeft = &left
+		return rec
+	}
+	name := redisrecord.PayloadField(hd.Fingerprint)
+	payload, ok := raw.field(name)
+	if !ok {
+		return corrupt(fmt.Sprintf("field %q (the payload) is missing", name))
+	}
+	rec.State = stateComplete
+	start, end, err := redisrecord.MetaBounds(payload.value, int(payload.size))
+	if err != nil {
+		return corrupt(err.Error())
+	}
+	rec.BodyLen = payload.size - int64(end)
+	if end > len(payload.value) {
+		rec.Unread = "the headers were not read whole: inspect shows them"
+		return rec
+	}
+	resp, err := wire.Decode(payload.value[start:end], "")
+	switch {
+	case err != nil:
+		return corrupt(err.Error())
+	case resp.BodyOmitted && rec.BodyLen > 0:
+		return corrupt("body present but marked omitted")
+	}
+	rec.Status, rec.Header, rec.BodyOmitted = resp.Status, resp.Header, resp.BodyOmitted
+	rec.Body = []byte(payload.value[end:min(len(payload.value), end+max(bodyLimit, 0))])
+	return rec
 }

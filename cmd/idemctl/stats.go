@@ -1,9 +1,71 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"time"
 )
+
+var statsCmd = &command{
+	name:    "stats",
+	summary: "count records by state, with their memory or table size",
+	usage:   "[connection] [-sample N] [-batch N] [-pause D] [-json] [-q]",
+	help: `
+Counts the records by state: in progress with a live lease, in progress with
+a lease that ran out (the next duplicate steals them), complete, corrupt, and
+on PostgreSQL expired rows that the purge has not deleted yet; with the bytes
+of their bodies and the memory they take.
+
+Redis: every key under the prefix is read with SCAN in bounded batches (as
+list does), and MEMORY USAGE measures the first -sample records of each state;
+a state's memory is its average over the sample times its count. The masters'
+used_memory and maxmemory follow.
+
+PostgreSQL: one query counts the rows by state with their bytes
+(pg_column_size), and the table's size on disk follows: the heap, its TOAST
+table (large bodies) and indexes (pg_total_relation_size).`,
+	examples: `  idemctl stats -redis 127.0.0.1:6379
+  idemctl stats -redis 127.0.0.1:6379 -sample 5000 -json
+  idemctl stats -postgres "$DATABASE_URL" -table billing.idempotency`,
+	run: runStats,
+}
+
+// statsOptions are stats' sampling and pacing.
+type statsOptions struct {
+	sample int
+	batch  int
+	pause  time.Duration
+	quiet  bool
+}
+
+func runStats(ctx context.Context, c *cli, cmd *command, args []string) int {
+	var conn connFlags
+	fs := newFlagSet(cmd, &conn)
+	var opts statsOptions
+	fs.IntVar(&opts.sample, "sample", 1000, "Redis: measure MEMORY USAGE of at most `n` records per state")
+	fs.IntVar(&opts.batch, "batch", 1000, "Redis: `n` keys per SCAN (COUNT)")
+	fs.DurationVar(&opts.pause, "pause", 0, "Redis: pause this `duration` between batches")
+	fs.BoolVar(&opts.quiet, "q", false, "no progress on stderr")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if status, ok := parseFlags(c, cmd, fs, args); !ok {
+		return status
+	}
+	if opts.batch < 1 || opts.sample < 0 {
+		return c.usageFailed(cmd, usagef("-batch must be at least 1 and -sample not negative"))
+	}
+	return conn.connected(ctx, c, cmd, func(ctx context.Context, b backend) int {
+		res, err := b.stats(ctx, c, opts)
+		if err != nil {
+			return c.fail(cmd, err)
+		}
+		if *asJSON {
+			return c.printJSON(cmd, res)
+		}
+		res.writeText(c.stdout)
+		return exitOK
+	})
+}
 
 // The groups stats counts records in.
 const (
@@ -97,16 +159,18 @@ func (s *statsResult) finish() {
 // writeText writes s for people.
 func (s *statsResult) writeText(w io.Writer) {
 	fmt.Fprintf(w, "%s: %d records (%d scanned)\n\n", s.Store, s.Records, s.Scanned)
-	fmt.Fprintf(w, "%-20s %10s %12s %14s %12s %9s\n", "STATE", "RECORDS", "BODY BYTES", "MEMORY (EST.)", "PER RECORD", "SAMPLED")
+	tw := newTabWriter(w)
+	fmt.Fprintln(tw, "STATE\tRECORDS\tBODY BYTES\tMEMORY (EST.)\tPER RECORD\tSAMPLED")
 	var records, body, est int64
 	for _, c := range s.Categories {
-		fmt.Fprintf(w, "%-20s %10d %12s %14s %12s %9d\n", c.State, c.Records, size(c.BodyBytes),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\n", c.State, c.Records, size(c.BodyBytes),
 			size(c.EstimatedBytes), size(c.BytesPerRecord), c.Sampled)
 		records += c.Records
 		body += c.BodyBytes
 		est += c.EstimatedBytes
 	}
-	fmt.Fprintf(w, "%-20s %10d %12s %14s\n", "total", records, size(body), size(est))
+	fmt.Fprintf(tw, "total\t%d\t%s\t%s\n", records, size(body), size(est))
+	tw.Flush()
 	for _, m := range s.Servers {
 		limit := ", no maxmemory"
 		if m.MaxMemory > 0 {

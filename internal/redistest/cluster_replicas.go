@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/clusternodes"
 )
 
 // topologyTimeout bounds how long the Cluster helpers wait for the nodes to
@@ -82,29 +84,7 @@ func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
 
 // ClusterNode is a node of a Cluster as one member sees it: a line of
 // CLUSTER NODES.
-type ClusterNode struct {
-	// ID is the node's ID and Addr its "host:port".
-	ID, Addr string
-	// Master is set for a master; MasterID is the ID of a replica's
-	// master.
-	Master   bool
-	MasterID string
-	// Failed is set when the member considers the node failing ("fail"
-	// or "fail?").
-	Failed bool
-	// Slots are the ranges of slots the node serves, ends included.
-	Slots [][2]int
-}
-
-// Serves reports whether n serves slot.
-func (n ClusterNode) Serves(slot int) bool {
-	for _, r := range n.Slots {
-		if slot >= r[0] && slot <= r[1] {
-			return true
-		}
-	}
-	return false
-}
+type ClusterNode = clusternodes.Node
 
 // View returns the Cluster's nodes as the node s sees them.
 func (c *Cluster) View(s *Server) ([]ClusterNode, error) {
@@ -112,50 +92,7 @@ func (c *Cluster) View(s *Server) ([]ClusterNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	return parseClusterNodes(text)
-}
-
-// parseClusterNodes parses the reply of CLUSTER NODES.
-func parseClusterNodes(text string) ([]ClusterNode, error) {
-	var nodes []ClusterNode
-	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 8 {
-			return nil, fmt.Errorf("redistest: CLUSTER NODES line %q", line)
-		}
-		addr, _, _ := strings.Cut(f[1], "@")
-		n := ClusterNode{ID: f[0], Addr: addr}
-		for _, flag := range strings.Split(f[2], ",") {
-			switch flag {
-			case "master":
-				n.Master = true
-			case "fail", "fail?":
-				n.Failed = true
-			}
-		}
-		if f[3] != "-" {
-			n.MasterID = f[3]
-		}
-		for _, s := range f[8:] {
-			if strings.HasPrefix(s, "[") { // a slot being migrated or imported
-				continue
-			}
-			lo, hi, isRange := strings.Cut(s, "-")
-			a, err := strconv.Atoi(lo)
-			if err != nil {
-				return nil, fmt.Errorf("redistest: CLUSTER NODES slot %q", s)
-			}
-			b := a
-			if isRange {
-				if b, err = strconv.Atoi(hi); err != nil {
-					return nil, fmt.Errorf("redistest: CLUSTER NODES slot %q", s)
-				}
-			}
-			n.Slots = append(n.Slots, [2]int{a, b})
-		}
-		nodes = append(nodes, n)
-	}
-	return nodes, nil
+	return clusternodes.Parse(text)
 }
 
 // Live returns the nodes that are running.

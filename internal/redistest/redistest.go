@@ -9,13 +9,11 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"os"
@@ -27,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // RequireEnv is the environment variable that turns a missing Redis
@@ -457,73 +457,67 @@ func portFree(port int) bool {
 
 // Do sends one command to the Redis server at addr over a fresh connection
 // and returns its reply flattened to text: simple and bulk strings as they
-// are, integers in decimal, arrays as their elements joined by newlines. A
-// Redis error reply is returned as an error.
+// are, integers in decimal, a nil reply as "", arrays as their elements
+// joined by newlines. A Redis error reply is returned as an error.
 func Do(addr string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	// Dialled here, a server that is down is Do's error rather than a line
+	// that go-redis logs.
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	c := redis.NewClient(&redis.Options{
+		Addr:            addr,
+		Dialer:          func(context.Context, string, string) (net.Conn, error) { return conn, nil },
+		Protocol:        2, // arrays, not RESP3 maps, so that replies flatten in order
+		DisableIdentity: true,
+		MaxRetries:      -1,
+		PoolSize:        1,
+		ReadTimeout:     2 * time.Second,
+		WriteTimeout:    2 * time.Second,
+	})
+	defer c.Close()
+	cmd := make([]any, len(args))
+	for i, a := range args {
+		cmd[i] = a
 	}
-	if _, err := conn.Write([]byte(b.String())); err != nil {
+	reply, err := c.Do(ctx, cmd...).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
 		return "", err
 	}
 	var out []string
-	if err := readReply(bufio.NewReader(conn), &out); err != nil {
+	if err := flatten(reply, &out); err != nil {
 		return "", err
 	}
 	return strings.Join(out, "\n"), nil
 }
 
-func readReply(r *bufio.Reader, out *[]string) error {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return err
-	}
-	line = strings.TrimRight(line, "\r\n")
-	if line == "" {
-		return errors.New("empty reply line")
-	}
-	switch line[0] {
-	case '+', ':':
-		*out = append(*out, line[1:])
-	case '-':
-		return errors.New(line[1:])
-	case '$':
-		n, err := strconv.Atoi(line[1:])
-		if err != nil {
-			return err
-		}
-		if n < 0 {
-			*out = append(*out, "")
-			return nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return err
-		}
-		*out = append(*out, string(buf[:n]))
-	case '*':
-		n, err := strconv.Atoi(line[1:])
-		if err != nil {
-			return err
-		}
-		for i := 0; i < n; i++ {
-			if err := readReply(r, out); err != nil {
+// flatten appends the text of reply, as Do returns it, to out.
+func flatten(reply any, out *[]string) error {
+	switch r := reply.(type) {
+	case nil:
+		*out = append(*out, "")
+	case string:
+		*out = append(*out, r)
+	case int64:
+		*out = append(*out, strconv.FormatInt(r, 10))
+	case []any:
+		for _, e := range r {
+			if err := flatten(e, out); err != nil {
 				return err
 			}
 		}
+	case error: // an element of an array, such as a command's in EXEC
+		return r
 	default:
-		return fmt.Errorf("unexpected reply %q", line)
+		return fmt.Errorf("unexpected reply %#v", reply)
 	}
 	return nil
 }

@@ -77,6 +77,26 @@ func TestStartStopRestart(t *testing.T) {
 	s.Stop() // no-op
 }
 
+func TestDoFlattensReplies(t *testing.T) {
+	addr := Start(t).Addr()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"RPUSH", "l", "a", "b"}, "2"},
+		{[]string{"LRANGE", "l", "0", "-1"}, "a\nb"},
+		{[]string{"GET", "missing"}, ""},
+		{[]string{"ECHO", "line one\r\nline two"}, "line one\r\nline two"},
+	} {
+		if got, err := Do(addr, tc.args...); err != nil || got != tc.want {
+			t.Errorf("Do(%q) = %q, %v; want %q", tc.args, got, err, tc.want)
+		}
+	}
+	if _, err := Do(addr, "GET", "l"); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		t.Errorf("GET on a list: %v, want the WRONGTYPE error", err)
+	}
+}
+
 func TestReplica(t *testing.T) {
 	m := Start(t)
 	r := StartReplica(t, m)

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redisrecord"
 	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/internal/reliability"
 )
@@ -43,25 +42,21 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 	// It is written once its client has the response.
 	waitUntil(t, 5*time.Second, "the genuine record", func() bool { return ev.count(idempotency.EventExecuted, "") == 1 })
 	genuine := c.HGetAll(ctx, prefix+idempotency.StorageKey("", "genuine")).Val()
-	// The current layout: the head h, "c<state><token length>:<token>
-	// <epoch>:<lease end>:<fingerprint>", and the payload under "c" and the
-	// fingerprint: the meta block's length (a uvarint), the meta block, the
-	// body (see redisstore/README.md, Record layout).
-	head := genuine["h"]
-	var fp string
-	if tl, rest, ok := strings.Cut(head[1:], ":"); ok {
-		n, _ := strconv.Atoi(tl)
-		_, rest, _ = strings.Cut(rest[min(n, len(rest)):], ":")
-		_, fp, _ = strings.Cut(rest, ":")
+	// The head and the payload, decoded (see internal/redisrecord).
+	head, err := redisrecord.ParseHead(genuine[redisrecord.HeadField])
+	if err != nil {
+		t.Fatalf("the genuine record's head: %v", err)
 	}
-	payload, ok := genuine["c"+fp]
+	fp := head.Fingerprint
+	payload, ok := genuine[redisrecord.PayloadField(fp)]
 	if len(genuine) != 2 || !ok {
 		t.Fatalf("the genuine record %q is not a head and its payload", genuine)
 	}
-	metaLen, k := binary.Uvarint([]byte(payload))
-	meta, body := payload[k:k+int(metaLen)], payload[k+int(metaLen):]
-	// The previous layout, which the store still reads during an upgrade.
-	previous := map[string]string{"state": "complete", "token": "t", "fp": fp, "epoch": "1", "lease": "1", "meta": meta, "body": body}
+	metaStart, metaEnd, err := redisrecord.MetaBounds(payload, len(payload))
+	if err != nil {
+		t.Fatalf("the genuine record's payload: %v", err)
+	}
+	meta := payload[metaStart:metaEnd]
 	with := func(fields map[string]string, changes ...any) []any {
 		m := map[string]any{}
 		for k, v := range fields {
@@ -90,14 +85,14 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"stream":       func(rkey string) { c.XAdd(ctx, &redis.XAddArgs{Stream: rkey, Values: []string{"a", "b"}}) },
 		"foreign hash": func(rkey string) { c.HSet(ctx, rkey, "user", "42", "name", "someone else's data") },
 		"truncated meta": func(rkey string) {
-			c.HSet(ctx, rkey, with(genuine, "c"+fp, payload[:k+int(metaLen)-2])...)
+			c.HSet(ctx, rkey, with(genuine, "c"+fp, payload[:metaEnd-2])...)
 		},
 		"empty payload":              func(rkey string) { c.HSet(ctx, rkey, with(genuine, "c"+fp, "")...) },
 		"garbage payload":            func(rkey string) { c.HSet(ctx, rkey, with(genuine, "c"+fp, "\xff\xff\xff\xff")...) },
 		"meta length past the end":   func(rkey string) { c.HSet(ctx, rkey, with(genuine, "c"+fp, "\x7f"+meta)...) },
 		"missing payload":            func(rkey string) { c.HSet(ctx, rkey, with(genuine, "c"+fp, nil)...) },
 		"missing head":               func(rkey string) { c.HSet(ctx, rkey, with(genuine, "h", nil, "c"+fp, nil, "x", "1")...) },
-		"unknown state":              func(rkey string) { c.HSet(ctx, rkey, "h", "x"+head[1:]) },
+		"unknown state":              func(rkey string) { c.HSet(ctx, rkey, "h", "x"+genuine["h"][1:]) },
 		"epoch not a number":         func(rkey string) { c.HSet(ctx, rkey, running("many", "1")...) },
 		"epoch nan":                  func(rkey string) { c.HSet(ctx, rkey, running("nan", "1")...) },
 		"epoch inf":                  func(rkey string) { c.HSet(ctx, rkey, running("inf", "1")...) },
@@ -107,26 +102,6 @@ func TestCorruptRecordsOverHTTP(t *testing.T) {
 		"lease end of 16 digits":     func(rkey string) { c.HSet(ctx, rkey, running("1", "1000000000000000")...) },
 		"lease end 0":                func(rkey string) { c.HSet(ctx, rkey, running("1", "0")...) },
 		"token longer than the head": func(rkey string) { c.HSet(ctx, rkey, "h", "p999:t1:1:"+fp) },
-		"previous layout, truncated meta": func(rkey string) {
-			c.HSet(ctx, rkey, with(previous, "meta", meta[:len(meta)-2])...)
-		},
-		"previous layout, empty meta":    func(rkey string) { c.HSet(ctx, rkey, with(previous, "meta", "")...) },
-		"previous layout, garbage meta":  func(rkey string) { c.HSet(ctx, rkey, with(previous, "meta", "\xff\xff\xff\xff")...) },
-		"previous layout, missing body":  func(rkey string) { c.HSet(ctx, rkey, with(previous, "body", nil)...) },
-		"previous layout, unknown state": func(rkey string) { c.HSet(ctx, rkey, with(previous, "state", "failed")...) },
-		"previous layout, epoch nan":     func(rkey string) { c.HSet(ctx, rkey, with(previous, "epoch", "nan")...) },
-		"previous layout, expired lease, epoch 2^63": func(rkey string) {
-			c.HSet(ctx, rkey, with(previous, "state", "in_progress", "token", "t", "epoch", "9223372036854775808", "lease", "1")...)
-		},
-		"previous layout, expired lease of the form before, epoch 2^63": func(rkey string) {
-			c.HSet(ctx, rkey, with(previous, "state", "in_progress", "token", "t", "epoch", "9223372036854775808", "lease", "1:0:1")...)
-		},
-		"previous layout, lease of 400 digits": func(rkey string) {
-			c.HSet(ctx, rkey, with(previous, "state", "in_progress", "lease", strings.Repeat("9", 400))...)
-		},
-		"previous layout, lease of 16 digits": func(rkey string) {
-			c.HSet(ctx, rkey, with(previous, "state", "in_progress", "lease", "1000000000000000")...)
-		},
 	}
 	var ops, faults, violations int64
 	for name, plant := range plants {

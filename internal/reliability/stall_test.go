@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,21 +123,6 @@ func scriptSHA(t *testing.T, name string) []byte {
 	return []byte(hex.EncodeToString(sum[:]))
 }
 
-// evalshaCalls returns how many EVALSHA commands the server at addr ran.
-func evalshaCalls(t *testing.T, addr string) int {
-	t.Helper()
-	info, err := redistest.Do(addr, "INFO", "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(info, "cmdstat_evalsha:calls=")
-	if !ok {
-		return 0
-	}
-	n, _ := strconv.Atoi(rest[:strings.IndexAny(rest, ",\r\n")])
-	return n
-}
-
 // stallRig is a Redis, a fault proxy in front of it, and the two instances.
 type stallRig struct {
 	addr  string
@@ -184,7 +168,7 @@ func TestStallDuringAcquire(t *testing.T) {
 	start := time.Now()
 	go func() { aDone <- rig.a.post("k", "pay 10") }()
 	<-sent
-	calls := evalshaCalls(t, rig.addr)
+	calls := redistest.CommandCalls(t, rig.addr, "evalsha")
 	// The first attempt ran; go-redis gives up on its reply after its read
 	// timeout (5s) and sends the script again, on a new connection whose
 	// reply is held too.
@@ -194,7 +178,7 @@ func TestStallDuringAcquire(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("go-redis did not retry the stalled acquire")
 	}
-	waitUntil(t, 5*time.Second, "the retried acquire to run", func() bool { return evalshaCalls(t, rig.addr) > calls })
+	waitUntil(t, 5*time.Second, "the retried acquire to run", func() bool { return redistest.CommandCalls(t, rig.addr, "evalsha") > calls })
 	if since := time.Since(start); since < lease {
 		t.Fatalf("the retry came %v after the first attempt, inside the lease of %v: the scenario needs it later", since, lease)
 	}
@@ -326,9 +310,9 @@ func TestStallDuringComplete(t *testing.T) {
 				if b.status != http.StatusCreated || b.replayed || done != 2 || started[1].Sub(started[0]) < lease {
 					t.Fatalf("B got %v, executions at %v: want a second execution after A's lease", b, started)
 				}
-				calls := evalshaCalls(t, rig.addr)
+				calls := redistest.CommandCalls(t, rig.addr, "evalsha")
 				<-ended // A's held complete reaches Redis now, and is refused
-				waitUntil(t, 5*time.Second, "A's held complete to run", func() bool { return evalshaCalls(t, rig.addr) > calls })
+				waitUntil(t, 5*time.Second, "A's held complete to run", func() bool { return redistest.CommandCalls(t, rig.addr, "evalsha") > calls })
 				if d := rig.a.retryPast409(t, "k", "pay"); !d.replayed || d.body != b.body {
 					t.Fatalf("duplicate after A's late complete: %v, want B's response", d)
 				}
