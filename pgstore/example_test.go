@@ -88,6 +88,11 @@ func ExampleSchema() {
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_records" (
 	// CREATE INDEX IF NOT EXISTS "idempotency_records_expires_at_idx"
 	// CREATE OR REPLACE FUNCTION "billing"."idempotency_records_acquire"(
+	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_outbox" (
+	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_due_idx"
+	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_order_idx"
+	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_claim_idx"
+	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_finished_idx"
 }
 
 // Transactional completion for any function: a message consumer applies a

@@ -6,14 +6,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idempotency/idempotency/internal/pgname"
 )
 
 // Option configures a Store built by New (and Migrate, which reads only
-// WithTable).
+// WithTable and WithOutboxTable).
 type Option func(*config)
 
 type config struct {
 	table         table
+	outbox        table  // zero until newConfig derives it from the table
 	channel       string // "" until newConfig derives it from the table
 	listener      *pgx.ConnConfig
 	healthCheck   time.Duration
@@ -42,6 +45,9 @@ func newConfig(opts []Option) config {
 		}
 		o(&cfg)
 	}
+	if cfg.outbox.parts == nil {
+		cfg.outbox = mustTable(pgname.Table{Parts: cfg.table.parts}.Sibling(DefaultOutboxTable).String())
+	}
 	if cfg.channel == "" {
 		cfg.channel = strings.Join(cfg.table.parts, ".")
 		if len(cfg.channel) > maxIdentifier {
@@ -62,6 +68,19 @@ func newConfig(opts []Option) config {
 func WithTable(name string) Option {
 	t := mustTable(name)
 	return func(c *config) { c.table = t }
+}
+
+// WithOutboxTable sets the outbox table that outbox.Enqueue writes the
+// messages of this Store's transactions to (see package outbox), and that
+// Migrate creates: a name, or a schema and a name joined by a dot, as for
+// WithTable. Give the relay (outbox/relay.WithTable) the same name. It
+// panics on any other name.
+//
+// Default: DefaultOutboxTable ("idempotency_outbox"), in the schema of
+// the records' table (WithTable).
+func WithOutboxTable(name string) Option {
+	t := mustTable(name)
+	return func(c *config) { c.outbox = t }
 }
 
 // WithChannel sets the LISTEN/NOTIFY channel on which complete and release

@@ -14,8 +14,22 @@ import (
 // DefaultTable is the table New and Migrate use without WithTable.
 const DefaultTable = "idempotency_records"
 
+// DefaultOutboxTable is the name of the outbox table (see package outbox)
+// that New and Migrate use without WithOutboxTable, in the schema of the
+// records' table.
+const DefaultOutboxTable = "idempotency_outbox"
+
 //go:embed schema.sql
 var schemaSQL string
+
+//go:embed outbox.sql
+var outboxSQL string
+
+// The quoted names outbox.sql is written with, replaced by OutboxSchema.
+const (
+	outboxTable = `"idempotency_outbox"`
+	outboxIndex = `"idempotency_outbox_`
+)
 
 // The quoted names schema.sql is written with, replaced by Schema.
 const (
@@ -58,27 +72,56 @@ func mustTable(name string) table {
 
 // Schema returns the SQL that creates the table named name, its index and
 // the function that the acquire statement calls to write (named after the
-// table with "_acquire" appended, in the table's schema): the embedded
-// schema.sql with the names put in, quoted. Every statement in it is
-// idempotent (CREATE ... IF NOT EXISTS, CREATE OR REPLACE FUNCTION), so it
-// can be run on every start, or added to a migration tool's files by teams
-// that manage their own migrations; run it again after upgrading pgstore,
-// since a new version may change the function. name is a table
-// (DefaultTable, for instance) or a schema-qualified table
-// ("billing.idempotency"); the names are quoted, so they are
-// case-sensitive. Schema panics when name is not such a name.
+// table with "_acquire" appended, in the table's schema), and the outbox
+// table DefaultOutboxTable in the same schema with its indexes: the
+// embedded schema.sql and outbox.sql with the names put in, quoted. Every
+// statement in it is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
+// REPLACE FUNCTION), so it can be run on every start, or added to a
+// migration tool's files by teams that manage their own migrations; run it
+// again after upgrading pgstore, since a new version may change the
+// function. name is a table (DefaultTable, for instance) or a
+// schema-qualified table ("billing.idempotency"); the names are quoted, so
+// they are case-sensitive. Schema panics when name is not such a name.
+// With WithOutboxTable, take the records' part from RecordsSchema and the
+// outbox's from OutboxSchema.
 func Schema(name string) string {
+	t := mustTable(name)
+	return RecordsSchema(name) + "\n" + OutboxSchema(pgname.Table{Parts: t.parts}.Sibling(DefaultOutboxTable).String())
+}
+
+// RecordsSchema returns the part of Schema that creates the records' table
+// named name, its index and its acquire function: the embedded schema.sql
+// with the names put in, quoted. It panics when name is not a table name.
+func RecordsSchema(name string) string {
 	t := mustTable(name)
 	return strings.NewReplacer(schemaIndex, t.index, schemaAcquire, t.acquire, schemaTable, t.quoted).Replace(schemaSQL)
 }
 
+// OutboxSchema returns the SQL that creates the outbox table named name
+// (see package outbox and WithOutboxTable) and its indexes (named after
+// the table, without its schema): the embedded outbox.sql with the names
+// put in, quoted. Every statement in it is idempotent (CREATE ... IF NOT
+// EXISTS). It panics when name is not a table name, as Schema does.
+func OutboxSchema(name string) string {
+	t := mustTable(name)
+	pt := pgname.Table{Parts: t.parts}
+	r := strings.NewReplacer(
+		outboxIndex+`due_idx"`, pt.Index("due"),
+		outboxIndex+`order_idx"`, pt.Index("order"),
+		outboxIndex+`claim_idx"`, pt.Index("claim"),
+		outboxIndex+`finished_idx"`, pt.Index("finished"),
+		outboxTable, t.quoted)
+	return r.Replace(outboxSQL)
+}
+
 // Migrate creates the store's table and its index when they do not exist,
-// and creates or replaces the function that the acquire statement calls,
-// in one transaction under an advisory lock, so that instances starting
-// together do not race each other. It takes the options of New, of which
-// only WithTable matters, and panics on a bad option as New does. The
-// schema it runs is Schema's; a table that already exists is left as it
-// is.
+// creates or replaces the function that the acquire statement calls, and
+// creates the outbox table and its indexes when they do not exist, in one
+// transaction under an advisory lock, so that instances starting together
+// do not race each other. It takes the options of New, of which only
+// WithTable and WithOutboxTable matter, and panics on a bad option as New
+// does. The schema it runs is RecordsSchema's and OutboxSchema's (Schema's
+// without WithOutboxTable); a table that already exists is left as it is.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if pool == nil {
 		panic("pgstore: Migrate: nil pool")
@@ -94,8 +137,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	}
 	// Without arguments Exec uses the simple protocol, which takes several
 	// statements at once.
-	if _, err := tx.Exec(ctx, Schema(strings.Join(cfg.table.parts, "."))); err != nil {
+	if _, err := tx.Exec(ctx, RecordsSchema(strings.Join(cfg.table.parts, "."))); err != nil {
 		return fmt.Errorf("pgstore: migrate %s: %w", cfg.table.quoted, err)
+	}
+	if _, err := tx.Exec(ctx, OutboxSchema(strings.Join(cfg.outbox.parts, "."))); err != nil {
+		return fmt.Errorf("pgstore: migrate %s: %w", cfg.outbox.quoted, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)

@@ -100,6 +100,12 @@ func (s *Store) Close() error {
 // write it.
 func (s *Store) Table() string { return s.cfg.table.quoted }
 
+// OutboxTable returns the name of the outbox table that outbox.Enqueue
+// writes the messages of the Store's transactions to (see
+// WithOutboxTable), as given: "idempotency_outbox" or
+// "schema.name", unquoted.
+func (s *Store) OutboxTable() string { return strings.Join(s.cfg.outbox.parts, ".") }
+
 // Channel returns the LISTEN/NOTIFY channel on which complete and release
 // announce watched records (see WithChannel).
 func (s *Store) Channel() string { return s.cfg.channel }

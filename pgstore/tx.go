@@ -51,8 +51,9 @@ var _ idempotency.Tx = (*Tx)(nil)
 // Handle returns the transaction as a pgx.Tx, which the middleware puts in
 // the handler's context (idempotency.Info.Tx; TxFromContext reads it). Its
 // Commit returns ErrHandlerCommit; everything else is the transaction's
-// own.
-func (t *Tx) Handle() any { return handlerTx{t.tx} }
+// own. It also has a method OutboxTable, the Store's (see
+// Store.OutboxTable), by which outbox.Enqueue finds the table to write to.
+func (t *Tx) Handle() any { return handlerTx{t.tx, t.s.OutboxTable()} }
 
 // Complete writes resp as the record's COMPLETE payload, kept for ttl from
 // now, inside the transaction, and commits. The write is the fence: an
@@ -120,7 +121,14 @@ func (t *Tx) rollbackLocked(ctx context.Context) error {
 
 // handlerTx is the transaction as the handler sees it: Commit is the
 // middleware's.
-type handlerTx struct{ pgx.Tx }
+type handlerTx struct {
+	pgx.Tx
+	outbox string
+}
+
+// OutboxTable returns the outbox table of the Store that began the
+// transaction (see Store.OutboxTable).
+func (t handlerTx) OutboxTable() string { return t.outbox }
 
 // Commit refuses: see ErrHandlerCommit.
 func (handlerTx) Commit(context.Context) error { return ErrHandlerCommit }

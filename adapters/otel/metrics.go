@@ -56,26 +56,27 @@ func Observer(opts ...Option) func(ctx context.Context, e idempotency.Event) {
 	m.requests, err = meter.Int64Counter("idempotency.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Requests with an Idempotency-Key, once each by outcome; a request that stole an expired lease counts once more as stolen."))
-	must(err)
+	must("Observer", err)
 	m.duration, err = meter.Float64Histogram("idempotency.request.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Time from a request entering the idempotency middleware to its outcome."),
 		metric.WithExplicitBucketBoundaries(cfg.buckets...))
-	must(err)
+	must("Observer", err)
 	m.running, err = meter.Int64UpDownCounter("idempotency.handlers.running",
 		metric.WithUnit("{handler}"),
 		metric.WithDescription("Handlers running under an idempotency lease."))
-	must(err)
+	must("Observer", err)
 	m.errors, err = meter.Int64Counter("idempotency.errors",
 		metric.WithUnit("{error}"),
 		metric.WithDescription("Lease losses and store errors, as outcomes or in addition to one (a lease lost while the handler ran, a failed extend or release)."))
-	must(err)
+	must("Observer", err)
 	return m.observe
 }
 
-func must(err error) {
+// must panics, naming the function that makes instruments, on err.
+func must(function string, err error) {
 	if err != nil {
-		panic(fmt.Sprintf("idemotel: Observer: %v", err))
+		panic(fmt.Sprintf("idemotel: %s: %v", function, err))
 	}
 }
 

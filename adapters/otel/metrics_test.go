@@ -40,7 +40,7 @@ func collect(t *testing.T, reader sdkmetric.Reader) map[string]metricdata.Metric
 func key(set attribute.Set) string { return set.Encoded(attribute.DefaultEncoder()) }
 
 // points returns the data points of the metric name: for each attribute
-// set, a sum's value or a histogram's count.
+// set, a sum's or a gauge's value or a histogram's count.
 func points(t *testing.T, reader sdkmetric.Reader, name string) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
@@ -56,6 +56,10 @@ func points(t *testing.T, reader sdkmetric.Reader, name string) map[string]float
 	case metricdata.Histogram[float64]:
 		for _, p := range data.DataPoints {
 			out[key(p.Attributes)] = float64(p.Count)
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range data.DataPoints {
+			out[key(p.Attributes)] = p.Value
 		}
 	default:
 		t.Fatalf("%s: unexpected data %T", name, m.Data)
@@ -84,6 +88,13 @@ func attributeValues(m metricdata.Metrics) []string {
 			}
 		}
 	case metricdata.Histogram[float64]:
+		for _, p := range data.DataPoints {
+			sets = append(sets, p.Attributes)
+			for _, ex := range p.Exemplars {
+				filtered = append(filtered, ex.FilteredAttributes...)
+			}
+		}
+	case metricdata.Gauge[float64]:
 		for _, p := range data.DataPoints {
 			sets = append(sets, p.Attributes)
 			for _, ex := range p.Exemplars {

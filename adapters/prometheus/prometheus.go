@@ -41,12 +41,55 @@
 // middleware names the route (see idempotency.WithRoute): a pattern such as
 // "POST /payments/{id}", never the path, or every id becomes a series of
 // its own.
+//
+// # Outbox relays
+//
+// RelayObserver registers the metrics of outbox relays and returns the
+// function to pass to relay.WithObserver:
+//
+//	observe := idemprom.RelayObserver(prometheus.DefaultRegisterer)
+//	r := relay.New(pool, sink, relay.WithName("payments-relay"), relay.WithObserver(observe))
+//
+// The metrics (names without WithNamespace, with the labels of
+// WithConstLabels too):
+//
+//	idempotency_outbox_lag_seconds{relay}                     gauge
+//	idempotency_outbox_claimed_total{relay}                   counter
+//	idempotency_outbox_published_total{relay, topic}          counter
+//	idempotency_outbox_retried_total{relay, topic}            counter
+//	idempotency_outbox_dead_total{relay, topic}               counter
+//	idempotency_outbox_reclaimed_total{relay, topic}          counter
+//	idempotency_outbox_fenced_total{relay, topic}             counter
+//	idempotency_outbox_purged_total{relay}                    counter
+//	idempotency_outbox_errors_total{relay}                    counter
+//	idempotency_outbox_publish_duration_seconds{relay, topic} histogram
+//	idempotency_outbox_age_seconds{relay, topic}              histogram
+//
+// Each follows one relay.EventKind: lag_seconds is the last EventLag's
+// Lag (how long the earliest due message has been waiting, 0 when none
+// is); claimed_total and purged_total add the Count of EventClaimed and
+// EventPurged; published_total, retried_total, dead_total,
+// reclaimed_total and fenced_total count the events of those kinds, one
+// per message (dead_total both the failed last attempts and the claims
+// that ran out on one); errors_total counts EventError, the relay's failed
+// statements. publish_duration_seconds observes the Duration of each
+// EventPublished (the sink's confirm, buckets of WithBuckets), and
+// age_seconds its Age (from the enqueue to the confirmation, buckets of
+// WithAgeBuckets).
+//
+// relay is the relay's name (relay.WithName). Its default holds the
+// process ID and random bytes, new at every start: give a relay a name
+// that stays (the service's), or every restart begins new series. topic is
+// the message's topic (see WithTopicPattern), fine as a label while topics
+// are few, as they are when they name kinds of messages; when they carry
+// IDs, map them to patterns. Neither ever carries a message's ID (which
+// holds the record's storage key), its ordering key, headers or payload,
+// nor an error's text.
 package idemprom
 
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -58,9 +101,10 @@ import (
 )
 
 // DefaultBuckets are the upper bounds, in seconds, of the latency
-// histogram's buckets unless WithBuckets sets others: from a millisecond (a
-// replay from an in-process store) to 30 seconds (a slow handler, a
-// duplicate waiting in wait mode).
+// histograms' buckets unless WithBuckets sets others: from a millisecond (a
+// replay from an in-process store, a broker's confirm nearby) to 30 seconds
+// (a slow handler, a duplicate waiting in wait mode, a publish running into
+// the relay's claim lease).
 var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 
 // Label values of the outcome label that are not an EventKind's name.
@@ -84,22 +128,26 @@ func OutcomeLabel(e idempotency.Event) string {
 	return e.Kind.String()
 }
 
-// Option configures Observer.
+// Option configures Observer and RelayObserver; each option says which it
+// affects.
 type Option func(*config)
 
 type config struct {
 	namespace   string
 	constLabels prometheus.Labels
 	buckets     []float64
+	ageBuckets  []float64
 	exemplar    func(context.Context) prometheus.Labels
+	topic       func(string) string
 }
 
 // The labels the metrics set themselves; WithConstLabels may not use them.
-var ownLabels = []string{"route", "method", "outcome", "error"}
+var ownLabels = []string{"route", "method", "outcome", "error", "relay", "topic"}
 
 // WithNamespace puts namespace and an underscore in front of every metric
 // name ("payments" gives payments_idempotency_requests_total); "" puts
-// nothing. It panics when namespace is not a valid metric name.
+// nothing, for Observer's and RelayObserver's. It panics when namespace is
+// not a valid metric name.
 // Default: none (idempotency_requests_total).
 func WithNamespace(namespace string) Option {
 	if namespace != "" && !validName(namespace) {
@@ -108,10 +156,10 @@ func WithNamespace(namespace string) Option {
 	return func(c *config) { c.namespace = namespace }
 }
 
-// WithConstLabels adds labels with fixed values to every series (a
-// service or store name, say). It panics on a name that is invalid, starts
-// with "__", or is one the metrics set themselves (route, method, outcome,
-// error).
+// WithConstLabels adds labels with fixed values to every series of
+// Observer and RelayObserver (a service or store name, say). It panics on
+// a name that is invalid, starts with "__", or is one the metrics set
+// themselves (route, method, outcome, error, relay, topic).
 // Default: none.
 func WithConstLabels(labels prometheus.Labels) Option {
 	own := make(prometheus.Labels, len(labels))
@@ -129,25 +177,18 @@ func WithConstLabels(labels prometheus.Labels) Option {
 	return func(c *config) { c.constLabels = own }
 }
 
-// WithBuckets sets the upper bounds, in seconds, of the latency histogram's
-// buckets. It panics when there are none, or they are not strictly
+// WithBuckets sets the upper bounds, in seconds, of the latency histograms'
+// buckets: Observer's request duration and RelayObserver's publish
+// duration. It panics when there are none, or they are not strictly
 // increasing.
 // Default: DefaultBuckets.
 func WithBuckets(bounds ...float64) Option {
-	if len(bounds) == 0 {
-		panic("idemprom: WithBuckets needs at least one bound")
-	}
-	for i, b := range bounds {
-		if math.IsNaN(b) || i > 0 && b <= bounds[i-1] {
-			panic(fmt.Sprintf("idemprom: WithBuckets needs strictly increasing bounds, got %v", bounds))
-		}
-	}
-	own := append([]float64(nil), bounds...)
+	own := checkBuckets("WithBuckets", bounds)
 	return func(c *config) { c.buckets = own }
 }
 
-// WithExemplar attaches an exemplar to each latency observation: the
-// labels exemplar returns for the request's context, typically the trace
+// WithExemplar attaches an exemplar to each of Observer's latency
+// observations: the labels exemplar returns for the request's context, typically the trace
 // id of the request's sampled span. It is called on the request's
 // goroutine for every outcome; when it returns no labels, or labels
 // Prometheus would refuse (more than 128 runes in all, an invalid name),

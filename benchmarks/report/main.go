@@ -11,7 +11,7 @@
 //
 // The library's tests and benchmarks run in the library's module (the
 // repository root), the others in the benchmarks module. Parts that need
-// Redis or PostgreSQL skip themselves without a server (see the packages'
+// Redis, PostgreSQL, NATS or RabbitMQ skip themselves without a server (see the packages'
 // documentation), and their rows then say so.
 package main
 
@@ -72,6 +72,9 @@ func steps(quick bool) []step {
 		bench("redis-server-time", true, "^BenchmarkServerTime$", pick("3000x", "300x"), "./redisbench/"),
 		bench("redis-cluster", true, "^BenchmarkClusterPublish$", pick("10x", "2x"), "./redisbench/"),
 		bench("functions", true, "^BenchmarkDo$", pick("2000x", "200x"), "./funcbench/", "-benchmem"),
+		bench("outbox-throughput", true, "^BenchmarkRelayThroughput$", pick("2000x", "300x"), "./outboxbench/"),
+		bench("outbox-latency", true, "^BenchmarkCommitToStream$", pick("500x", "100x"), "./outboxbench/"),
+		withoutCount(bench("outbox-route", true, "^BenchmarkEnqueueCost$", pick("250x", "50x"), "./outboxbench/", rounds...)),
 	}
 }
 

@@ -200,7 +200,38 @@ func values(d dirs) map[string]string {
 			v["cluster_"+strings.NewReplacer("cpu-µs/fe@", "", "/", "_").Replace(unit)] = number(unit, x)
 		}
 	}
+	outboxValues(d, v)
 	return v
+}
+
+// outboxValues adds the outbox's cells to v: the relay's throughput beside
+// the plain publishing loop's, commit-to-stream latency, and the cost of
+// an enqueued message on a transactional route.
+func outboxValues(d dirs, v map[string]string) {
+	thr := d.medians("outbox-throughput.txt", "-row", "/broker,/concurrency", "-col", "/side")
+	var parts []string
+	for _, broker := range []string{"jetstream", "rabbitmq"} {
+		for _, c := range []string{"1", "4"} {
+			relay, ok1 := thr[cell{"msgs/s", broker + " " + c, "relay"}]
+			plain, ok2 := thr[cell{"msgs/s", broker + " " + c, "plain"}]
+			if ok1 && ok2 && plain > 0 {
+				parts = append(parts, fmt.Sprintf("%s, concurrency %s: relay %.0f msgs/s, plain loop %.0f msgs/s (%.2f×)", map[string]string{"jetstream": "JetStream", "rabbitmq": "RabbitMQ"}[broker], c, relay, plain, relay/plain))
+			}
+		}
+	}
+	v["outbox_throughput"] = strings.Join(parts, "; ")
+	lat := d.medians("outbox-latency.txt", "-col", ".name")
+	p50, ok1 := lat[cell{"p50-ms", "", "CommitToStream"}]
+	p99, ok2 := lat[cell{"p99-ms", "", "CommitToStream"}]
+	if ok1 && ok2 {
+		v["outbox_latency"] = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", p50, p99)
+	}
+	route := d.medians("outbox-route.txt", "-row", ".name", "-col", "/side", "-ignore", "/round")
+	with, ok1 := route[cell{"sec/op", "EnqueueCost", "outbox"}]
+	without, ok2 := route[cell{"sec/op", "EnqueueCost", "tx"}]
+	if ok1 && ok2 && without > 0 {
+		v["outbox_route"] = fmt.Sprintf("%s (%s per request with the message, %s without)", ratio(with/without), micros(with), micros(without))
+	}
 }
 
 // flat judges whether the cost per request of a replay and of a first

@@ -1,14 +1,10 @@
 package idemnats_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +18,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	idemnats "github.com/go-idempotency/idempotency/brokers/nats"
+	"github.com/go-idempotency/idempotency/internal/childproc"
 	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
@@ -125,7 +122,7 @@ type execution struct {
 func runConsumerProcesses(t *testing.T, size proofSize, url string, st *stream, storeEnv ...string) proofCounts {
 	t.Helper()
 	counts := proofCounts{executions: map[execution]int{}}
-	log := &lineLog{notify: make(chan struct{}, 1)}
+	log := childproc.NewLines()
 	env := append([]string{
 		childEnv + "=1",
 		childNATS + "=" + url,
@@ -133,19 +130,21 @@ func runConsumerProcesses(t *testing.T, size proofSize, url string, st *stream, 
 		childWorkers + "=" + strconv.Itoa(size.workers),
 		childLease + "=" + size.lease.String(),
 	}, storeEnv...)
-	var children []*child
+	var children []*childproc.Process
 	start := func(hangAt int) {
-		children = append(children, startChild(t, len(children), hangAt, env, log))
+		bin, args := childproc.Self("TestConsumerProcess")
+		name := fmt.Sprint("consumer-", len(children))
+		children = append(children, childproc.Start(t, name, linePrefix, bin, args, append(env, childHangAt+"="+strconv.Itoa(hangAt)), log))
 	}
 	kills := 0
 	read := func() {
-		for _, l := range log.take() {
-			switch l.kind {
+		for _, l := range log.Take() {
+			switch l.Kind {
 			case "EXEC":
-				counts.executions[l.exec]++
+				counts.executions[parseExecution(t, l.Text)]++
 			case "HANG":
-				counts.hung = append(counts.hung, l.exec)
-				children[l.child].kill() // in the middle of the handler
+				counts.hung = append(counts.hung, parseExecution(t, l.Text))
+				l.From.Kill() // in the middle of the handler
 				kills++
 				if kills < size.kills {
 					start(size.hangAt)
@@ -154,9 +153,9 @@ func runConsumerProcesses(t *testing.T, size proofSize, url string, st *stream, 
 				}
 			case "ERR":
 				counts.reported++
-				if strings.HasPrefix(l.text, "idemnats: term") {
+				if strings.HasPrefix(l.Text, "idemnats: term") {
 					counts.terms++
-					t.Errorf("termed: %s", l.text)
+					t.Errorf("termed: %s", l.Text)
 				}
 			}
 		}
@@ -172,7 +171,7 @@ func runConsumerProcesses(t *testing.T, size proofSize, url string, st *stream, 
 	deadline := time.After(size.deadline)
 	for {
 		select {
-		case <-log.notify:
+		case <-log.Notify:
 			read()
 			continue
 		case <-tick.C:
@@ -190,36 +189,10 @@ func runConsumerProcesses(t *testing.T, size proofSize, url string, st *stream, 
 		}
 	}
 	for _, c := range children {
-		c.stop()
+		c.Stop(10 * time.Second)
 	}
 	read() // the last lines of the stopped processes
 	return counts
-}
-
-// lineLog collects the lines of consumer processes.
-type lineLog struct {
-	mu     sync.Mutex
-	lines  []childLine
-	notify chan struct{} // has a value when lines has
-}
-
-func (l *lineLog) add(line childLine) {
-	l.mu.Lock()
-	l.lines = append(l.lines, line)
-	l.mu.Unlock()
-	select {
-	case l.notify <- struct{}{}:
-	default:
-	}
-}
-
-// take returns the lines added since the last call.
-func (l *lineLog) take() []childLine {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lines := l.lines
-	l.lines = nil
-	return lines
 }
 
 // check asserts what holds on every store: every key ran, no message was
@@ -422,97 +395,15 @@ func TestProofMemstore(t *testing.T) {
 		size.keys, 2*size.keys, info.Delivered.Consumer, total, reported)
 }
 
-// child is a consumer process.
-type child struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// childLine is a line a consumer process reported.
-type childLine struct {
-	child int
-	kind  string // EXEC, HANG or ERR
-	exec  execution
-	text  string
-}
-
-// startChild starts consumer process n, which adds its lines to log, and
-// is killed when t ends if it still runs. Its standard input is a pipe
-// that only this process writes to: the consumer exits when it closes, so
-// that it never outlives this process.
-func startChild(t *testing.T, n, hangAt int, env []string, log *lineLog) *child {
+// parseExecution parses the text of an EXEC or HANG line: "key epoch".
+func parseExecution(t *testing.T, text string) execution {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestConsumerProcess$", "-test.count=1")
-	cmd.Env = append(append(os.Environ(), env...), childHangAt+"="+strconv.Itoa(hangAt))
-	stderr, err := os.Create(filepath.Join(t.TempDir(), fmt.Sprintf("consumer-%d.log", n)))
+	key, epoch, _ := strings.Cut(text, " ")
+	e, err := strconv.ParseUint(epoch, 10, 64)
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("a consumer reported %q: %v", text, err)
 	}
-	cmd.Stderr = stderr
-	stdin, lifeline, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdin = stdin
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stdin.Close()
-	c := &child{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		defer close(c.exited)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l, ok := parseLine(n, sc.Text()); ok {
-				log.add(l)
-			}
-		}
-		_ = cmd.Wait()
-		stderr.Close()
-	}()
-	t.Cleanup(func() {
-		c.kill()
-		<-c.exited
-		lifeline.Close()
-	})
-	return c
-}
-
-func parseLine(n int, s string) (childLine, bool) {
-	rest, ok := strings.CutPrefix(s, linePrefix)
-	if !ok {
-		return childLine{}, false
-	}
-	kind, rest, _ := strings.Cut(rest, " ")
-	l := childLine{child: n, kind: kind, text: rest}
-	if kind == "EXEC" || kind == "HANG" {
-		key, epoch, _ := strings.Cut(rest, " ")
-		e, err := strconv.ParseUint(epoch, 10, 64)
-		if err != nil {
-			return childLine{}, false
-		}
-		l.exec = execution{key, e}
-	}
-	return l, true
-}
-
-// kill sends the process SIGKILL, by its PID.
-func (c *child) kill() { _ = c.cmd.Process.Signal(syscall.SIGKILL) }
-
-// stop asks the process to stop (SIGTERM) and waits for it, killing it if
-// it has not stopped within a few seconds.
-func (c *child) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		c.kill()
-		<-c.exited
-	}
+	return execution{key, e}
 }
 
 // TestConsumerProcess is a consumer process of the proof, started by
@@ -527,22 +418,14 @@ func TestConsumerProcess(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	go func() { // the test that started this process has ended
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(2)
-	}()
+	childproc.WatchLifeline()
 	hangAt, _ := strconv.Atoi(os.Getenv(childHangAt))
 	workers, _ := strconv.Atoi(os.Getenv(childWorkers))
 	lease, err := time.ParseDuration(os.Getenv(childLease))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	report := func(kind, format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Printf(linePrefix+kind+" "+format+"\n", args...)
-	}
+	report := (&childproc.Reporter{Prefix: linePrefix}).Report
 
 	var runner *idempotency.Runner
 	var write func(ctx context.Context, key string, epoch uint64) error

@@ -97,11 +97,21 @@ func (f *connFlags) open(ctx context.Context, c *cli) (backend, error) {
 		}
 		return &redisBackend{client: client, where: where, prefix: f.prefix}, nil
 	}
-	t, err := parseTable(f.table)
+	b, err := openPostgres(ctx, pgURL, f.table)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgx.ParseConfig(pgURL)
+	return b, nil
+}
+
+// openPostgres connects to the PostgreSQL server at url, for the table
+// named table (a -table flag): pgstore's records, or the outbox.
+func openPostgres(ctx context.Context, url, table string) (*pgBackend, error) {
+	t, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("PostgreSQL connection string: %v", err)
 	}

@@ -1,6 +1,7 @@
 // Command idemctl inspects and repairs the records that the idempotency
-// middleware keeps in Redis (redisstore) or PostgreSQL (pgstore), and checks
-// that the server keeps them safely.
+// middleware keeps in Redis (redisstore) or PostgreSQL (pgstore), and the
+// messages of the transactional outbox (package outbox), and checks that
+// the server keeps them safely.
 //
 //	idemctl key     -scope user-42 -key 4b1c…            # scope + client key → storage key
 //	idemctl inspect -redis 127.0.0.1:6379 -scope user-42 -key 4b1c…
@@ -8,6 +9,10 @@
 //	idemctl release -redis 127.0.0.1:6379 3f0c…e9
 //	idemctl stats   -postgres "$DATABASE_URL"
 //	idemctl check   -redis 127.0.0.1:6379               # exit status 1 when unsafe
+//	idemctl outbox  -postgres "$DATABASE_URL"           # outbox messages by status, the relays' lag
+//	idemctl outbox dead    -postgres "$DATABASE_URL"    # dead messages and why they died
+//	idemctl outbox requeue -postgres "$DATABASE_URL" 3f0c…e9/1
+//	idemctl outbox purge   -postgres "$DATABASE_URL" -done -older 72h
 //
 // Run idemctl -h for the commands and idemctl <command> -h for each
 // command's manual. RUNBOOK.md at the repository's root puts them to use.
@@ -69,26 +74,28 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{keyCmd, inspectCmd, listCmd, deleteCmd, releaseCmd, statsCmd, checkCmd}
+	commands = []*command{keyCmd, inspectCmd, listCmd, deleteCmd, releaseCmd, statsCmd, checkCmd, outboxCmd}
 }
 
 const topUsage = `idemctl inspects and repairs the records of the idempotency middleware in
-Redis (redisstore) and PostgreSQL (pgstore), and checks that the server keeps
-them safely.
+Redis (redisstore) and PostgreSQL (pgstore), and the messages of its outbox,
+and checks that the server keeps them safely.
 
 Usage:
   idemctl <command> [flags] [storage key]
 
 Commands:
 %s
-Connection (flags of every command but key; a flag wins over the environment):
+Connection (flags of every command but key, of which outbox takes -postgres,
+-table and -timeout; a flag wins over the environment):
   -redis ADDR|URL     Redis: host:port or redis://[user:password@]host:port[/db]
                       (environment: REDIS_URL, then REDIS_ADDR; REDIS_PASSWORD)
   -cluster            -redis names the seed nodes of a Redis Cluster, comma-separated
   -sentinel ADDRS     Redis behind Sentinel: the sentinels, comma-separated, with -master NAME
   -postgres URL       PostgreSQL: a connection string (environment: DATABASE_URL)
   -prefix P           the redisstore prefix (default "idempotency:")
-  -table T            the pgstore table (default idempotency_records)
+  -table T            the pgstore table (default idempotency_records; outbox:
+                      the outbox table, default idempotency_outbox)
   -timeout D          give up after D (default 30s; 0 never)
 
 A record is named by -scope and -key (what the middleware's key scope returned
@@ -99,7 +106,7 @@ Exit status:
   0  done
   1  an error, or check found an unsafe setting
   2  bad flags or arguments
-  3  no such record
+  3  no such record (outbox: no such message)
   4  a safety rule refused the change (see -force)
 
 Run 'idemctl <command> -h' for a command's manual. RUNBOOK.md puts them to use.

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
@@ -39,6 +40,9 @@ type api struct {
 	store  idempotency.Store
 	db     *pgxpool.Pool // PostgreSQL mode; nil otherwise
 	logger *slog.Logger
+	// events, in PostgreSQL mode, makes each payment enqueue a
+	// payment.created message in its transaction.
+	events bool
 
 	mu       sync.Mutex
 	payments map[string]payment // without db
@@ -168,8 +172,37 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.ID, p.Created = paymentID(id), p.Created.UTC()
+	if a.events {
+		if err := enqueueCreated(r.Context(), p); err != nil {
+			a.logger.Error("enqueueing payment.created", "error", err)
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not recorded"})
+			return
+		}
+	}
 	w.Header().Set("Location", "/payments/"+p.ID)
 	writeJSON(w, http.StatusCreated, p)
+}
+
+// topicPaymentCreated is the topic of the message each payment enqueues
+// when events are on: the NATS subject the relay publishes it on.
+const topicPaymentCreated = "payment.created"
+
+// enqueueCreated adds payment.created for p to the outbox, in the
+// request's transaction: the message commits with the payment's row and
+// the key's record, or not at all. Its ID, which the relay sends as
+// Nats-Msg-Id, derives from the record, so a retried request makes no
+// second message.
+func enqueueCreated(ctx context.Context, p payment) error {
+	body, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = outbox.Enqueue(ctx, outbox.Message{
+		Topic:   topicPaymentCreated,
+		Payload: body,
+		Headers: map[string]string{"Content-Type": "application/json"},
+	})
+	return err
 }
 
 // paymentID is the API's name of the payments row id.

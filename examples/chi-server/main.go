@@ -5,6 +5,7 @@
 //	go run ./examples/chi-server                                            # in-memory store
 //	REDIS_ADDR=127.0.0.1:6379 go run ./examples/chi-server                  # Redis store
 //	DATABASE_URL=postgres://app@127.0.0.1/app go run ./examples/chi-server  # PostgreSQL store
+//	DATABASE_URL=postgres://app@127.0.0.1/app NATS_URL=nats://127.0.0.1:4222 go run ./examples/chi-server  # and payment.created messages
 //
 // REDIS_ADDR takes precedence over DATABASE_URL; with neither set, the
 // records live in memory. The banner says which store is used.
@@ -22,6 +23,13 @@
 // authentication put in the request's context, never a header the client
 // chose: each user's keys and stored responses are their own. GET /stats
 // needs no token.
+//
+// With NATS_URL set as well, in PostgreSQL mode, each payment also
+// enqueues a payment.created message in its transaction (outbox.Enqueue),
+// which commits with the row and the record or not at all. The server
+// itself never connects to NATS: a relay publishes the outbox to JetStream
+// (brokers/nats/cmd/natsrelay), and examples/payments-consumer applies
+// each message once. The banner prints both commands.
 //
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
 // commands that show a first call, a replay, a 422, a 409, a 502, another
@@ -51,13 +59,13 @@ func main() {
 	addr := flag.String("addr", defaultAddr, "listen address (also $ADDR)")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), logger); err != nil {
+	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), os.Getenv("NATS_URL"), logger); err != nil {
 		logger.Error("chi-server", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, redisAddr, databaseURL string, logger *slog.Logger) error {
+func run(addr, redisAddr, databaseURL, natsURL string, logger *slog.Logger) error {
 	b, err := openBackend(context.Background(), redisAddr, databaseURL, logger)
 	if err != nil {
 		return err
@@ -67,13 +75,18 @@ func run(addr, redisAddr, databaseURL string, logger *slog.Logger) error {
 		logger.Warn("REDIS_ADDR and DATABASE_URL are both set: REDIS_ADDR takes precedence, DATABASE_URL is not used")
 	}
 
+	if natsURL != "" && b.db == nil {
+		logger.Warn("NATS_URL is set but the store is not PostgreSQL: payments enqueue no payment.created messages (they need DATABASE_URL, and no REDIS_ADDR)")
+	}
+
 	api := newAPI(b.store, b.db, logger)
+	api.events = natsURL != "" && b.db != nil
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := newServer(api.routes())
-	printUsage(ln.Addr().String(), b)
+	printUsage(ln.Addr().String(), b, api.events)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -116,7 +129,7 @@ func tokens() string {
 	return b.String()
 }
 
-func printUsage(addr string, b *backend) {
+func printUsage(addr string, b *backend, events bool) {
 	base := "http://" + addr
 	executions := "Payments made so far:"
 	if b.db != nil {
@@ -143,4 +156,12 @@ Bob's order-1001 is a payment of his own (keys are scoped to the authenticated u
 %[3]s
   curl -s %[1]s/stats
 `, base, b.name, executions, tokens())
+	if events {
+		fmt.Print(`
+Each payment also enqueues payment.created in its transaction. From the repository's root, with the
+same DATABASE_URL and NATS_URL, relay the outbox to JetStream and apply each message once:
+  go -C brokers/nats run ./cmd/natsrelay -stream PAYMENTS -subjects 'payment.>'
+  go -C examples/payments-consumer run .
+`)
+	}
 }

@@ -34,12 +34,15 @@ func pgServer(t *testing.T, url string) client {
 }
 
 // serve serves the API over b until t ends, and returns a client of it.
-func serve(t *testing.T, b *backend) client {
+// With events, payments enqueue payment.created (as with NATS_URL set).
+func serve(t *testing.T, b *backend, events ...bool) client {
 	t.Helper()
 	if !strings.HasPrefix(b.name, "postgres ") || b.db == nil {
 		t.Fatalf("store %q, database %v", b.name, b.db)
 	}
-	srv := httptest.NewServer(newAPI(b.store, b.db, slog.New(slog.DiscardHandler)).routes())
+	api := newAPI(b.store, b.db, slog.New(slog.DiscardHandler))
+	api.events = len(events) > 0 && events[0]
+	srv := httptest.NewServer(api.routes())
 	t.Cleanup(srv.Close)
 	return client{t, srv.URL}
 }
@@ -234,5 +237,62 @@ func TestPostgresProviderFailureRollsBack(t *testing.T) {
 	}
 	if n := c.executed(); n != 1 {
 		t.Fatalf("stats: %d payments, want 1", n)
+	}
+}
+
+// TestPostgresEvents: with events on, a payment enqueues one
+// payment.created message carrying the payment, in its transaction: a
+// duplicate adds none, and a payment whose provider failed leaves none.
+func TestPostgresEvents(t *testing.T) {
+	url := pgtest.Database(t)
+	b, err := openBackend(context.Background(), "", url, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.close)
+	c := serve(t, b, true)
+	const body = `{"amount":1999,"currency":"EUR"}`
+	for range 2 {
+		if res, got := c.post("/payments", aliceToken, "order-1", body); res.StatusCode != http.StatusCreated {
+			t.Fatalf("%d %s", res.StatusCode, got)
+		}
+	}
+	if res, got := c.post("/payments?provider=down", aliceToken, "order-2", body); res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("provider down: %d %s", res.StatusCode, got)
+	}
+	rows, err := b.db.Query(context.Background(), `SELECT topic, payload, headers->>'Content-Type', seq FROM idempotency_outbox`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type message struct {
+		topic, contentType string
+		payload            []byte
+		seq                int
+	}
+	var msgs []message
+	for rows.Next() {
+		var m message
+		if err := rows.Scan(&m.topic, &m.payload, &m.contentType, &m.seq); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages in the outbox, want 1: %+v", len(msgs), msgs)
+	}
+	var p payment
+	if err := json.Unmarshal(msgs[0].payload, &p); err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := b.db.QueryRow(context.Background(), `SELECT id FROM payments WHERE idempotency_key = 'order-1'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	m := msgs[0]
+	if m.topic != topicPaymentCreated || m.contentType != "application/json" || m.seq != 1 || p.ID != paymentID(id) || p.User != "alice" || p.Amount != 1999 {
+		t.Fatalf("message %s %s seq %d, payment %+v; want the row %d's", m.topic, m.contentType, m.seq, p, id)
 	}
 }

@@ -80,6 +80,14 @@ type stall struct {
 	timer    *time.Timer   // ends a timed stall
 }
 
+// stop stops s's timer and wakes what it holds.
+func (s *stall) stop() {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	close(s.wake)
+}
+
 // trigger is an armed pattern trigger: a cut (cut set) or a stall (stall
 // set).
 type trigger struct {
@@ -191,11 +199,8 @@ func (p *Proxy) startStallLocked(requests bool, d time.Duration, ended chan stru
 		p.endStallLocked()
 		return
 	}
-	if old := p.stall; old != nil {
-		if old.timer != nil {
-			old.timer.Stop()
-		}
-		close(old.wake)
+	if p.stall != nil {
+		p.stall.stop()
 	}
 	s := &stall{requests: requests, wake: make(chan struct{})}
 	if d != untimed {
@@ -213,11 +218,8 @@ func (p *Proxy) startStallLocked(requests bool, d time.Duration, ended chan stru
 // endStallLocked ends the stall in progress, if any, and closes the
 // channels waiting for its end.
 func (p *Proxy) endStallLocked() {
-	if s := p.stall; s != nil {
-		if s.timer != nil {
-			s.timer.Stop()
-		}
-		close(s.wake)
+	if p.stall != nil {
+		p.stall.stop()
 		p.stall = nil
 	}
 	for _, c := range p.ended {
@@ -235,12 +237,9 @@ func (p *Proxy) Cut() {
 	p.faults.Add(1)
 }
 
+// cutLocked closes every connection and refuses new ones.
 func (p *Proxy) cutLocked() {
 	p.refusing = true
-	p.closeAllLocked()
-}
-
-func (p *Proxy) closeAllLocked() {
 	for l := range p.conns {
 		l.close()
 		delete(p.conns, l)
@@ -299,7 +298,7 @@ func (p *Proxy) Close() error {
 	}
 	p.closed = true
 	err := p.ln.Close()
-	p.closeAllLocked()
+	p.cutLocked()
 	p.endStallLocked()
 	p.mu.Unlock()
 	p.wg.Wait()

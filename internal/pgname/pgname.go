@@ -54,17 +54,27 @@ func (t Table) Quoted() string { return pgx.Identifier(t.Parts).Sanitize() }
 // schema.
 func (t Table) AcquireFunction() string {
 	schema := slices.Clip(t.Parts[:len(t.Parts)-1])
-	return pgx.Identifier(append(schema, truncate(t.name()+"_acquire"))).Sanitize()
+	return pgx.Identifier(append(schema, truncate(t.Name()+"_acquire"))).Sanitize()
 }
 
 // ExpiresAtIndex returns the quoted name of the table's expires_at index:
 // named without the schema, since an index lives in its table's.
-func (t Table) ExpiresAtIndex() string {
-	return pgx.Identifier{truncate(t.name() + "_expires_at_idx")}.Sanitize()
+func (t Table) ExpiresAtIndex() string { return t.Index("expires_at") }
+
+// Index returns the quoted name of the table's index on what: the table's
+// name, an underscore, what and "_idx", cut to MaxLen, without the schema
+// (an index lives in its table's).
+func (t Table) Index(what string) string {
+	return pgx.Identifier{truncate(t.Name() + "_" + what + "_idx")}.Sanitize()
 }
 
-// name returns the table's own name, without its schema.
-func (t Table) name() string { return t.Parts[len(t.Parts)-1] }
+// Sibling returns the table named name in t's schema.
+func (t Table) Sibling(name string) Table {
+	return Table{Parts: append(slices.Clip(t.Parts[:len(t.Parts)-1]), name)}
+}
+
+// Name returns the table's own name, without its schema.
+func (t Table) Name() string { return t.Parts[len(t.Parts)-1] }
 
 // truncate cuts name to MaxLen bytes, as PostgreSQL itself would (the
 // names are ASCII).

@@ -1,5 +1,4 @@
-// Package pgtest gives tests (and programs such as benchmarks) a PostgreSQL
-// database of their own on a server that is already running: it creates a
+// Package pgtest gives tests and benchmarks a PostgreSQL database of their own on a server that is already running: it creates a
 // database named idemtest_<random hex> and drops it at the end, forcing
 // its connections off.
 //
@@ -13,11 +12,10 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -60,47 +58,16 @@ func ServerURL() string {
 	return DefaultURL
 }
 
-// CreateDatabase creates a database of its own on the server at serverURL
-// and returns a URL that connects to it (serverURL with the database name
-// replaced) and a function that drops it. drop forces the database's
-// connections off (DROP DATABASE ... WITH (FORCE), PostgreSQL 13 and
-// later).
-func CreateDatabase(ctx context.Context, serverURL string) (dbURL string, drop func(context.Context) error, err error) {
-	cfg, err := pgx.ParseConfig(serverURL)
-	if err != nil {
-		return "", nil, fmt.Errorf("pgtest: %s: %w", URLEnv, err)
-	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", nil, err
-	}
-	name := DatabasePrefix + hex.EncodeToString(b[:])
-	if err := adminExec(ctx, cfg, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", nil, fmt.Errorf("pgtest: creating database %s: %w", name, err)
-	}
-	dbURL, err = withDatabase(serverURL, name)
-	if err != nil {
-		return "", nil, err
-	}
-	drop = func(ctx context.Context) error {
-		if err := adminExec(ctx, cfg, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("pgtest: dropping database %s: %w", name, err)
-		}
-		return nil
-	}
-	return dbURL, drop, nil
-}
-
 // withDatabase returns the connection string s (a URL, or keyword=value
 // settings) with its database replaced by name.
-func withDatabase(s, name string) (string, error) {
+func withDatabase(s, name string) string {
 	if u, err := url.Parse(s); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
 		u.Path = "/" + name
 		u.RawPath = ""
-		return u.String(), nil
+		return u.String()
 	}
 	// In keyword=value settings the last one of a keyword wins.
-	return s + " dbname=" + name, nil
+	return s + " dbname=" + name
 }
 
 // adminExec runs sql on a connection of its own to the server's database
@@ -117,51 +84,42 @@ func adminExec(ctx context.Context, cfg *pgx.ConnConfig, sql string) error {
 	return err
 }
 
-// reachable caches whether the server answered, so that a package's tests
-// without a server are skipped without each waiting for a connection.
-var reachable struct {
-	once sync.Once
-	err  error
-}
-
-// need skips t (or fails it, under RequireEnv=1) unless the server answers.
-func need(t testing.TB) {
-	t.Helper()
-	reachable.once.Do(func() {
-		cfg, err := pgx.ParseConfig(ServerURL())
-		if err != nil {
-			reachable.err = err
-			return
-		}
-		reachable.err = adminExec(context.Background(), cfg, "SELECT 1")
-	})
-	if reachable.err == nil {
-		return
+// server parses ServerURL and checks once that the server answers, so that
+// a package's tests without a server are skipped without each waiting for a
+// connection.
+var server = sync.OnceValues(func() (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(ServerURL())
+	if err != nil {
+		return nil, err
 	}
-	msg := fmt.Sprintf("no PostgreSQL server at %s (%v): set %s to a server's URL", ServerURL(), reachable.err, URLEnv)
-	if os.Getenv(RequireEnv) == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
+	return cfg, adminExec(context.Background(), cfg, "SELECT 1")
+})
 
 // Database creates a database of its own for t on the server (see
 // ServerURL) and returns its URL. The database is dropped when t ends,
-// after the cleanups registered later (closing pools) have run. Without a
-// server t is skipped, or failed under RequireEnv=1.
+// after the cleanups registered later (closing pools) have run, with its
+// connections forced off (DROP DATABASE ... WITH (FORCE), PostgreSQL 13 and
+// later). Without a server t is skipped, or failed under RequireEnv=1.
 func Database(t testing.TB) string {
 	t.Helper()
-	need(t)
-	url, drop, err := CreateDatabase(context.Background(), ServerURL())
+	cfg, err := server()
 	if err != nil {
-		t.Fatal(err)
+		msg := fmt.Sprintf("no PostgreSQL server at %s (%v): set %s to a server's URL", ServerURL(), err, URLEnv)
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	name := fmt.Sprintf("%s%016x", DatabasePrefix, rand.Uint64())
+	if err := adminExec(context.Background(), cfg, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: creating database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		if err := drop(context.Background()); err != nil {
-			t.Error(err)
+		if err := adminExec(context.Background(), cfg, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: dropping database %s: %v", name, err)
 		}
 	})
-	return url
+	return withDatabase(ServerURL(), name)
 }
 
 // Pool returns a pool on a database of its own for t (see Database),
@@ -201,23 +159,15 @@ func PoolOn(t testing.TB, url string, configure ...func(*pgxpool.Config)) *pgxpo
 // backend does not exist or outlives a few seconds.
 func Terminate(t testing.TB, pool *pgxpool.Pool, pid uint32) {
 	t.Helper()
-	if err := TerminateBackend(context.Background(), pool, pid); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TerminateBackend is Terminate for code outside a test.
-func TerminateBackend(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	var ok bool
 	if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", int32(pid)).Scan(&ok); err != nil {
-		return fmt.Errorf("pgtest: terminating backend %d: %w", pid, err)
+		t.Fatalf("pgtest: terminating backend %d: %v", pid, err)
 	}
 	if !ok {
-		return errors.New("pgtest: backend " + fmt.Sprint(pid) + " did not end")
+		t.Fatalf("pgtest: backend %d did not end", pid)
 	}
-	return nil
 }
 
 // Proxy starts a faultproxy in front of the server cfg connects to (which
@@ -230,16 +180,9 @@ func Proxy(t testing.TB, cfg *pgx.ConnConfig) (*faultproxy.Proxy, *pgx.ConnConfi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	host, port, err := net.SplitHostPort(p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := netip.MustParseAddrPort(p.Addr())
 	through := cfg.Copy()
-	through.Host, through.Port, through.Fallbacks = host, uint16(n), nil
+	through.Host, through.Port, through.Fallbacks = addr.Addr().String(), addr.Port(), nil
 	return p, through
 }
 

@@ -92,46 +92,22 @@ func clockLibrary(t testing.TB) string {
 // compiles with cc and preloads into redis-server; without cc the test is
 // skipped (failed under IDEMPOTENCY_REQUIRE_REDIS=1). It returns once the
 // server's TIME shows the offset. The server is stopped when t ends; Restart
-// would start it again with the machine's clock.
+// starts it again with the same offset.
 func StartSkewed(t testing.TB, offset time.Duration, args ...string) *Server {
 	t.Helper()
 	need(t, "install redis-server/redis-tools", "redis-server")
-	lib := clockLibrary(t)
+	env := []string{"LD_PRELOAD=" + clockLibrary(t), clockOffsetEnv + "=" + strconv.FormatInt(int64(offset), 10)}
 	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort(false)
-		if err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s := &Server{t: t, port: port, dir: dir, args: args}
-		cmd := exec.Command("redis-server", append([]string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", dir,
-			"--repl-diskless-sync-delay", "0",
-		}, args...)...)
-		cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, clockOffsetEnv+"="+strconv.FormatInt(int64(offset), 10))
-		s.mu.Lock()
-		lastErr = s.startLocked(cmd)
-		s.mu.Unlock()
-		if lastErr != nil {
-			continue
-		}
-		t.Cleanup(s.Stop)
-		skew, err := ClockOffset(s.Addr())
-		if err != nil {
-			t.Fatalf("redistest: reading the skewed server's TIME: %v", err)
-		}
-		if d := skew - offset; d < -250*time.Millisecond || d > 250*time.Millisecond {
-			t.Fatalf("redistest: the server's clock is %v off the machine's, want %v", skew, offset)
-		}
-		return s
+	s, err := launch(dir, false, env, dataArgs(dir, args)...)
+	s = own(t, "a skewed redis-server", s, err)
+	skew, err := ClockOffset(s.Addr())
+	if err != nil {
+		t.Fatalf("redistest: reading the skewed server's TIME: %v", err)
 	}
-	t.Fatalf("redistest: starting a skewed redis-server: %v", lastErr)
-	return nil
+	if d := skew - offset; d < -250*time.Millisecond || d > 250*time.Millisecond {
+		t.Fatalf("redistest: the server's clock is %v off the machine's, want %v", skew, offset)
+	}
+	return s
 }
 
 // StartSkewedReplica is StartReplica for a replica whose clock runs offset
@@ -145,10 +121,7 @@ func StartSkewedReplica(t testing.TB, masterAddr string, offset time.Duration, a
 		t.Fatalf("redistest: %v", err)
 	}
 	r := StartSkewed(t, offset, append([]string{"--replicaof", host, port}, args...)...)
-	waitFor(t, "replica link up", func() bool {
-		info, err := Do(r.Addr(), "INFO", "replication")
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
+	waitLinkUp(t, r)
 	return r
 }
 
@@ -182,54 +155,4 @@ func ParseTime(reply string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("unexpected TIME reply %q", reply)
 	}
 	return time.Unix(s, us*1000), nil
-}
-
-// StartSentinelOf starts a sentinel that monitors the master at masterAddr
-// under name, with quorum 1, down after 1s, and returns once it knows a
-// replica listening on replicaPort. masterAddr may be a proxy in front of
-// the master: the sentinel reaches the master only through it (it learns
-// the replica's own address from the master's INFO). The sentinel is
-// stopped when t ends.
-func StartSentinelOf(t testing.TB, name, masterAddr string, replicaPort int) *Server {
-	t.Helper()
-	need(t, "install redis-server/redis-tools", "redis-server")
-	host, mport, err := net.SplitHostPort(masterAddr)
-	if err != nil {
-		t.Fatalf("redistest: %v", err)
-	}
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort(false)
-		if err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s := &Server{t: t, port: port, dir: t.TempDir()}
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		body := fmt.Sprintf(`port %d
-bind 127.0.0.1
-dir %s
-sentinel monitor %s %s %s 1
-sentinel down-after-milliseconds %s 1000
-sentinel failover-timeout %s 10000
-sentinel parallel-syncs %s 1
-`, port, s.dir, name, host, mport, name, name, name)
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s.mu.Lock()
-		lastErr = s.startLocked(exec.Command("redis-server", conf, "--sentinel"))
-		s.mu.Unlock()
-		if lastErr != nil {
-			continue
-		}
-		t.Cleanup(s.Stop)
-		waitFor(t, "sentinel knows the replica", func() bool {
-			reply, err := Do(s.Addr(), "SENTINEL", "REPLICAS", name)
-			return err == nil && strings.Contains(reply, strconv.Itoa(replicaPort)) &&
-				!strings.Contains(reply, "s_down") && !strings.Contains(reply, "disconnected")
-		})
-		return s
-	}
-	t.Fatalf("redistest: starting sentinel: %v", lastErr)
-	return nil
 }

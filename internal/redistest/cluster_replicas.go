@@ -3,10 +3,8 @@ package redistest
 import (
 	"errors"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,55 +26,22 @@ const topologyTimeout = 30 * time.Second
 // from a master that stopped answering after about 4 seconds.
 func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
 	t.Helper()
-	need(t, "install redis-server/redis-tools", "redis-server", "redis-cli")
-	if masters < 3 {
-		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
-	}
-	c := &Cluster{}
-	for i := 0; i < 2*masters; i++ {
-		c.Nodes = append(c.Nodes, startClusterNode(t))
-	}
-	args := append(c.Addrs(), "--cluster-replicas", "1", "--cluster-yes")
-	cmd := exec.Command("redis-cli", append([]string{"--cluster", "create"}, args...)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
-	}
-	for _, n := range c.Nodes {
-		waitFor(t, "full slot map on "+n.Addr(), func() bool {
-			info, err := Do(n.Addr(), "CLUSTER", "INFO")
-			return err == nil && infoField(info, "cluster_state") == "ok" &&
-				infoField(info, "cluster_slots_ok") == "16384" &&
-				infoField(info, "cluster_known_nodes") == strconv.Itoa(2*masters)
-		})
-	}
+	c := startCluster(t, masters, 1)
 	for _, n := range c.Nodes {
 		waitFor(t, "a settled role on "+n.Addr(), func() bool {
-			info, err := Do(n.Addr(), "INFO", "replication")
-			if err != nil {
-				return false
-			}
-			switch infoField(info, "role") {
+			info := infoOf(n, "INFO", "replication")
+			switch info["role"] {
 			case "master":
-				return infoField(info, "connected_slaves") == "1"
+				return info["connected_slaves"] == "1"
 			case "slave":
-				return infoField(info, "master_link_status") == "up"
+				return info["master_link_status"] == "up"
 			}
 			return false
 		})
 	}
 	for _, n := range c.Nodes {
 		waitFor(t, "every role known to "+n.Addr(), func() bool {
-			view, err := c.View(n)
-			if err != nil {
-				return false
-			}
-			replicas := 0
-			for _, v := range view {
-				if !v.Master && v.MasterID != "" && !v.Failed {
-					replicas++
-				}
-			}
-			return replicas == masters
+			return c.count(n, func(v ClusterNode) bool { return !v.Master && v.MasterID != "" && !v.Failed }) == masters
 		})
 	}
 	return c
@@ -93,6 +58,22 @@ func (c *Cluster) View(s *Server) ([]ClusterNode, error) {
 		return nil, err
 	}
 	return clusternodes.Parse(text)
+}
+
+// count returns how many nodes that s sees match, or -1 when s does not
+// answer.
+func (c *Cluster) count(s *Server, match func(ClusterNode) bool) int {
+	view, err := c.View(s)
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, v := range view {
+		if match(v) {
+			n++
+		}
+	}
+	return n
 }
 
 // Live returns the nodes that are running.
@@ -119,11 +100,18 @@ func (c *Cluster) Node(addr string) *Server {
 // ID returns the cluster node ID of s.
 func (c *Cluster) ID(t testing.TB, s *Server) string {
 	t.Helper()
-	id, err := Do(s.Addr(), "CLUSTER", "MYID")
+	return must(t, s, "CLUSTER", "MYID")
+}
+
+// must sends a command to s with Do and returns its reply, failing t when
+// it fails.
+func must(t testing.TB, s *Server, args ...string) string {
+	t.Helper()
+	reply, err := Do(s.Addr(), args...)
 	if err != nil {
-		t.Fatalf("redistest: CLUSTER MYID on %s: %v", s.Addr(), err)
+		t.Fatalf("redistest: %s on %s: %v", strings.Join(args, " "), s.Addr(), err)
 	}
-	return id
+	return reply
 }
 
 // KeySlot returns the hash slot of key.
@@ -178,16 +166,7 @@ func (c *Cluster) owner(slot int) (string, error) {
 // on it.
 func (c *Cluster) MasterOf(t testing.TB, slot int) *Server {
 	t.Helper()
-	var addr string
-	var err error
-	if !WaitFor(topologyTimeout, func() bool { addr, err = c.owner(slot); return err == nil }) {
-		t.Fatalf("redistest: master of slot %d: %v", slot, err)
-	}
-	s := c.Node(addr)
-	if s == nil {
-		t.Fatalf("redistest: slot %d served by %s, which is not a node of the cluster", slot, addr)
-	}
-	return s
+	return c.WaitMasterOf(t, slot, nil, topologyTimeout)
 }
 
 // ReplicaOf returns the running replica of master, as master sees it.
@@ -225,22 +204,26 @@ func (c *Cluster) Replicas(master *Server) ([]*Server, error) {
 }
 
 // WaitMasterOf waits until every running node agrees that a master other
-// than old serves slot (after old failed, its replica takes over), and
-// returns it. It fails t after timeout.
+// than old (any, when old is nil) serves slot (after old failed, its replica
+// takes over), and returns it. It fails t after timeout.
 func (c *Cluster) WaitMasterOf(t testing.TB, slot int, old *Server, timeout time.Duration) *Server {
 	t.Helper()
 	var addr string
 	var err error
 	if !WaitFor(timeout, func() bool {
 		addr, err = c.owner(slot)
-		if err == nil && addr == old.Addr() {
+		if err == nil && old != nil && addr == old.Addr() {
 			err = fmt.Errorf("slot %d still served by %s", slot, addr)
 		}
 		return err == nil
 	}) {
-		t.Fatalf("redistest: new master of slot %d: %v", slot, err)
+		t.Fatalf("redistest: master of slot %d: %v", slot, err)
 	}
-	return c.Node(addr)
+	s := c.Node(addr)
+	if s == nil {
+		t.Fatalf("redistest: slot %d served by %s, which is not a node of the cluster", slot, addr)
+	}
+	return s
 }
 
 // BeginSlotMigration marks slot as importing on to and migrating on from,
@@ -248,31 +231,20 @@ func (c *Cluster) WaitMasterOf(t testing.TB, slot int, old *Server, timeout time
 // the keys of the slot it no longer holds.
 func (c *Cluster) BeginSlotMigration(t testing.TB, slot int, from, to *Server) {
 	t.Helper()
-	s := strconv.Itoa(slot)
-	if _, err := Do(to.Addr(), "CLUSTER", "SETSLOT", s, "IMPORTING", c.ID(t, from)); err != nil {
-		t.Fatalf("redistest: SETSLOT %d IMPORTING on %s: %v", slot, to.Addr(), err)
-	}
-	if _, err := Do(from.Addr(), "CLUSTER", "SETSLOT", s, "MIGRATING", c.ID(t, to)); err != nil {
-		t.Fatalf("redistest: SETSLOT %d MIGRATING on %s: %v", slot, from.Addr(), err)
-	}
+	must(t, to, "CLUSTER", "SETSLOT", strconv.Itoa(slot), "IMPORTING", c.ID(t, from))
+	must(t, from, "CLUSTER", "SETSLOT", strconv.Itoa(slot), "MIGRATING", c.ID(t, to))
 }
 
 // MigrateSlotKeys moves every key of slot from from to to with MIGRATE.
 func (c *Cluster) MigrateSlotKeys(t testing.TB, slot int, from, to *Server) {
 	t.Helper()
 	for {
-		reply, err := Do(from.Addr(), "CLUSTER", "GETKEYSINSLOT", strconv.Itoa(slot), "100")
-		if err != nil {
-			t.Fatalf("redistest: GETKEYSINSLOT %d on %s: %v", slot, from.Addr(), err)
-		}
-		if reply == "" {
+		keys := must(t, from, "CLUSTER", "GETKEYSINSLOT", strconv.Itoa(slot), "100")
+		if keys == "" {
 			return
 		}
 		args := []string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port()), "", "0", "5000", "KEYS"}
-		args = append(args, strings.Split(reply, "\n")...)
-		if _, err := Do(from.Addr(), args...); err != nil {
-			t.Fatalf("redistest: MIGRATE from %s to %s: %v", from.Addr(), to.Addr(), err)
-		}
+		must(t, from, append(args, strings.Split(keys, "\n")...)...)
 	}
 }
 
@@ -284,15 +256,12 @@ func (c *Cluster) FinishSlotMigration(t testing.TB, slot int, to *Server) {
 	toID := c.ID(t, to)
 	masters := []*Server{to}
 	for _, n := range c.Live() {
-		info, err := Do(n.Addr(), "INFO", "replication")
-		if err == nil && infoField(info, "role") == "master" && n != to {
+		if n != to && infoOf(n, "INFO", "replication")["role"] == "master" {
 			masters = append(masters, n)
 		}
 	}
 	for _, m := range masters {
-		if _, err := Do(m.Addr(), "CLUSTER", "SETSLOT", strconv.Itoa(slot), "NODE", toID); err != nil {
-			t.Fatalf("redistest: SETSLOT %d NODE on %s: %v", slot, m.Addr(), err)
-		}
+		must(t, m, "CLUSTER", "SETSLOT", strconv.Itoa(slot), "NODE", toID)
 	}
 	if got := c.MasterOf(t, slot); got != to {
 		t.Fatalf("redistest: slot %d served by %s after migrating it to %s", slot, got.Addr(), to.Addr())
@@ -314,8 +283,7 @@ func (c *Cluster) OtherMaster(t testing.TB, m *Server) *Server {
 	t.Helper()
 	var other *Server
 	for _, n := range c.Live() {
-		info, err := Do(n.Addr(), "INFO", "replication")
-		if err != nil || infoField(info, "role") != "master" || n == m {
+		if n == m || infoOf(n, "INFO", "replication")["role"] != "master" {
 			continue
 		}
 		if r, err := c.Replicas(n); err == nil && len(r) > 0 {
@@ -338,14 +306,11 @@ func (c *Cluster) Failover(t testing.TB, master *Server, slot int) *Server {
 	t.Helper()
 	replica := c.ReplicaOf(t, master)
 	newID := c.ID(t, replica)
-	if _, err := Do(replica.Addr(), "CLUSTER", "FAILOVER"); err != nil {
-		t.Fatalf("redistest: CLUSTER FAILOVER on %s: %v", replica.Addr(), err)
-	}
+	must(t, replica, "CLUSTER", "FAILOVER")
 	var why string
 	if !WaitFor(topologyTimeout, func() bool {
-		info, err := Do(master.Addr(), "INFO", "replication")
-		if err != nil || infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" ||
-			infoField(info, "master_port") != strconv.Itoa(replica.Port()) {
+		info := infoOf(master, "INFO", "replication")
+		if info["role"] != "slave" || info["master_link_status"] != "up" || info["master_port"] != strconv.Itoa(replica.Port()) {
 			why = "the old master does not replicate from the new one"
 			return false
 		}
@@ -355,15 +320,9 @@ func (c *Cluster) Failover(t testing.TB, master *Server, slot int) *Server {
 			return false
 		}
 		for _, n := range c.Live() {
-			view, err := c.View(n)
-			if err != nil {
+			if c.count(n, func(v ClusterNode) bool { return v.Addr == master.Addr() && v.MasterID != newID }) != 0 {
+				why = n.Addr() + " does not see the old master as a replica yet"
 				return false
-			}
-			for _, v := range view {
-				if v.Addr == master.Addr() && v.MasterID != newID {
-					why = n.Addr() + " does not see the old master as a replica yet"
-					return false
-				}
 			}
 		}
 		return true
@@ -371,20 +330,6 @@ func (c *Cluster) Failover(t testing.TB, master *Server, slot int) *Server {
 		t.Fatalf("redistest: failover of %s to %s: %s", master.Addr(), replica.Addr(), why)
 	}
 	return replica
-}
-
-// Kill stops the server with SIGKILL, as a crash would, and waits for it to
-// exit. Killing a stopped server does nothing.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	p, exited := s.cmd.Process, s.exited
-	s.cmd = nil
-	_ = p.Signal(syscall.SIGKILL)
-	<-exited
 }
 
 // AddMaster starts a node, joins it to the Cluster as a master serving no
@@ -398,28 +343,19 @@ func (c *Cluster) AddMaster(t testing.TB) *Server {
 		t.Fatal("redistest: AddMaster: no node is running")
 	}
 	n := startClusterNode(t)
-	if _, err := Do(live[0].Addr(), "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port())); err != nil {
-		t.Fatalf("redistest: CLUSTER MEET %s: %v", n.Addr(), err)
-	}
+	must(t, live[0], "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port()))
 	c.Nodes = append(c.Nodes, n)
 	waitFor(t, "full slot map on "+n.Addr(), func() bool {
-		info, err := Do(n.Addr(), "CLUSTER", "INFO")
-		return err == nil && infoField(info, "cluster_state") == "ok" && infoField(info, "cluster_slots_ok") == "16384"
+		info := infoOf(n, "CLUSTER", "INFO")
+		return info["cluster_state"] == "ok" && info["cluster_slots_ok"] == "16384"
 	})
 	for _, m := range c.Live() {
 		waitFor(t, m.Addr()+" knowing every node", func() bool {
-			view, err := c.View(m)
-			if err != nil {
-				return false
-			}
-			known := 0
-			for _, v := range view {
+			return c.count(m, func(v ClusterNode) bool {
 				// A node still in handshake has neither role yet.
-				if (v.Master || v.MasterID != "") && !v.Failed && c.Node(v.Addr) != nil && c.Node(v.Addr).PID() != 0 {
-					known++
-				}
-			}
-			return known == len(c.Live())
+				known := c.Node(v.Addr)
+				return (v.Master || v.MasterID != "") && !v.Failed && known != nil && known.PID() != 0
+			}) == len(c.Live())
 		})
 	}
 	return n

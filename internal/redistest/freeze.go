@@ -30,8 +30,10 @@ func (s *Server) Freeze(t testing.TB) {
 		return // no /proc: the signal is delivered at once in practice
 	}
 	if !WaitFor(startTimeout, func() bool {
+		// The state letter follows the command name, in parentheses.
 		b, err := os.ReadFile(stat)
-		return err == nil && procState(b) == 'T'
+		i := bytes.LastIndexByte(b, ')')
+		return err == nil && i >= 0 && i+2 < len(b) && b[i+2] == 'T'
 	}) {
 		t.Fatalf("redistest: process %d not stopped after SIGSTOP", pid)
 	}
@@ -43,14 +45,4 @@ func (s *Server) Thaw() {
 	if pid := s.PID(); pid != 0 {
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
-}
-
-// procState returns the state letter of a /proc/<pid>/stat line, which
-// follows the command name in parentheses.
-func procState(stat []byte) byte {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 || i+2 >= len(stat) {
-		return 0
-	}
-	return stat[i+2]
 }

@@ -10,15 +10,14 @@ package redistest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/big"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,11 +54,7 @@ func Addr(t testing.TB) string {
 // Prefix returns a key prefix unique to this call, such as
 // "idemtest:3f9a0c1b2d4e5f60:".
 func Prefix() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
+	return fmt.Sprintf("idemtest:%016x:", rand.Uint64())
 }
 
 // need skips (or, under IDEMPOTENCY_REQUIRE_REDIS=1, fails) t when one of
@@ -82,12 +77,12 @@ type Server struct {
 	t    testing.TB
 	port int
 	dir  string
-	args []string // arguments after the port and directory
+	args []string // the command line, without the port
+	env  []string // added to the environment
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd has exited and been reaped
-	log    string
 }
 
 // Start starts a private redis-server for t with the extra configuration
@@ -97,13 +92,9 @@ type Server struct {
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	need(t, "install redis-server/redis-tools or set REDIS_ADDR", "redis-server")
-	s, err := Launch(t.TempDir(), args...)
-	if err != nil {
-		t.Fatalf("redistest: starting redis-server: %v", err)
-	}
-	s.t = t
-	t.Cleanup(s.Stop)
-	return s
+	dir := t.TempDir()
+	s, err := launch(dir, false, nil, dataArgs(dir, args)...)
+	return own(t, "redis-server", s, err)
 }
 
 // Launch starts redis-server (found on PATH) on a free loopback port with
@@ -114,18 +105,48 @@ func Launch(dir string, args ...string) (*Server, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, fmt.Errorf("redistest: redis-server not found on PATH: %w", err)
 	}
-	var lastErr error
+	return launch(dir, false, nil, dataArgs(dir, args)...)
+}
+
+// dataArgs returns the command line of a data node keeping its files in
+// dir: no persistence, immediate diskless replication, then extra.
+func dataArgs(dir string, extra []string) []string {
+	return append([]string{
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", dir,
+		"--repl-diskless-sync-delay", "0",
+	}, extra...)
+}
+
+// launch starts redis-server in dir with args and env on a free loopback
+// port (whose Cluster bus port is free too, with bus set), trying another
+// port when the server does not come up.
+func launch(dir string, bus bool, env []string, args ...string) (*Server, error) {
+	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort(false)
-		if err != nil {
+		s := &Server{dir: dir, args: args, env: env}
+		if s.port, err = freePort(bus); err != nil {
 			return nil, err
 		}
-		s := &Server{port: port, dir: dir, args: args}
-		if lastErr = s.start(); lastErr == nil {
+		if err = s.start(); err == nil {
 			return s, nil
 		}
 	}
-	return nil, lastErr
+	return nil, err
+}
+
+// own hands s, as launch returned it with err, to t: it fails t when the
+// launch failed and stops s when t ends.
+func own(t testing.TB, what string, s *Server, err error) *Server {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("redistest: starting %s: %v", what, err)
+	}
+	s.t = t
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // Addr returns the server's address, "127.0.0.1:<port>".
@@ -147,40 +168,28 @@ func (s *Server) PID() int {
 	return s.cmd.Process.Pid
 }
 
+// start runs the server and waits until it answers PING.
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil {
 		return errors.New("already running")
 	}
-	args := []string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--appendonly", "no",
-		"--dir", s.dir,
-		"--repl-diskless-sync-delay", "0",
-	}
-	args = append(args, s.args...)
-	return s.startLocked(exec.Command("redis-server", args...))
-}
-
-func (s *Server) startLocked(cmd *exec.Cmd) error {
 	logPath := filepath.Join(s.dir, "redis.log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Dir = s.dir
+	defer f.Close()
+	cmd := exec.Command("redis-server", append(slices.Clone(s.args), "--port", strconv.Itoa(s.port))...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = f, f, s.dir
+	cmd.Env = append(os.Environ(), s.env...)
 	if err := cmd.Start(); err != nil {
-		f.Close()
 		return err
 	}
-	f.Close()
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	s.cmd, s.exited, s.log = cmd, exited, logPath
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if reply, err := Do(s.Addr(), "PING"); err == nil && reply == "PONG" {
@@ -194,7 +203,7 @@ func (s *Server) startLocked(cmd *exec.Cmd) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			s.stopLocked()
+			s.endLocked(syscall.SIGTERM)
 			return fmt.Errorf("redis-server on port %d did not answer PING within %v", s.port, startTimeout)
 		}
 	}
@@ -202,19 +211,27 @@ func (s *Server) startLocked(cmd *exec.Cmd) error {
 
 // Stop stops the server by its PID and waits for it to exit. Stopping a
 // stopped server does nothing.
-func (s *Server) Stop() {
+func (s *Server) Stop() { s.end(syscall.SIGTERM) }
+
+// Kill stops the server with SIGKILL, as a crash would, and waits for it to
+// exit. Killing a stopped server does nothing.
+func (s *Server) Kill() { s.end(syscall.SIGKILL) }
+
+func (s *Server) end(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stopLocked()
+	s.endLocked(sig)
 }
 
-func (s *Server) stopLocked() {
+// endLocked sends sig to the running server and waits for it to exit,
+// killing it after 5 seconds.
+func (s *Server) endLocked(sig syscall.Signal) {
 	if s.cmd == nil {
 		return
 	}
 	p, exited := s.cmd.Process, s.exited
 	s.cmd = nil
-	_ = p.Signal(syscall.SIGTERM)
+	_ = p.Signal(sig)
 	select {
 	case <-exited:
 	case <-time.After(5 * time.Second):
@@ -224,36 +241,37 @@ func (s *Server) stopLocked() {
 }
 
 // Restart stops the server and starts it again on the same port with the
-// same configuration (servers made by Start only). Data is not kept: the new process starts empty, with
-// an empty script cache.
+// same configuration (servers started for a test only). Data is not kept:
+// the new process starts empty, with an empty script cache.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
 	var err error
-	for attempt := 0; attempt < 50; attempt++ {
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond) // the port may linger briefly
+	// The port may linger briefly.
+	if !WaitFor(5*time.Second, func() bool { err = s.start(); return err == nil }) {
+		s.t.Fatalf("redistest: restarting redis-server: %v", err)
 	}
-	s.t.Fatalf("redistest: restarting redis-server: %v", err)
 }
 
 // StartReplica starts a private redis-server replicating master and waits
 // until the replication link is up.
 func StartReplica(t testing.TB, master *Server, args ...string) *Server {
 	t.Helper()
-	args = append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())}, args...)
-	r := Start(t, args...)
-	waitFor(t, "replica link up", func() bool {
-		info, err := Do(r.Addr(), "INFO", "replication")
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	})
+	r := Start(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())}, args...)...)
+	waitLinkUp(t, r)
 	waitFor(t, "master sees its replica", func() bool {
-		info, err := Do(master.Addr(), "INFO", "replication")
-		return err == nil && infoField(info, "connected_slaves") != "0" && infoField(info, "connected_slaves") != ""
+		n, _ := strconv.Atoi(infoOf(master, "INFO", "replication")["connected_slaves"])
+		return n > 0
 	})
 	return r
+}
+
+// waitLinkUp waits until the replica r's link to its master is up.
+func waitLinkUp(t testing.TB, r *Server) {
+	t.Helper()
+	waitFor(t, "replica link up", func() bool {
+		return infoOf(r, "INFO", "replication")["master_link_status"] == "up"
+	})
 }
 
 // Cluster is a Redis Cluster of masters without replicas.
@@ -275,32 +293,32 @@ func (c *Cluster) Addrs() []string {
 // node reports cluster_state:ok. The nodes are stopped when t ends.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
+	return startCluster(t, masters, 0)
+}
+
+// startCluster starts a Cluster of masters, each with replicas replicas,
+// and waits until every node serves the full slot map and knows every
+// other node.
+func startCluster(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
 	need(t, "install redis-server/redis-tools", "redis-server", "redis-cli")
 	if masters < 3 {
 		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
 	}
 	c := &Cluster{}
-	for i := 0; i < masters; i++ {
+	for i := 0; i < masters*(1+replicas); i++ {
 		c.Nodes = append(c.Nodes, startClusterNode(t))
 	}
-	args := append(c.Addrs(), "--cluster-replicas", "0", "--cluster-yes")
-	cmd := exec.Command("redis-cli", append([]string{"--cluster", "create"}, args...)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
 	for _, n := range c.Nodes {
-		waitFor(t, "cluster_state:ok on "+n.Addr(), func() bool {
-			info, err := Do(n.Addr(), "CLUSTER", "INFO")
-			return err == nil && infoField(info, "cluster_state") == "ok"
-		})
-	}
-	// Every node must know every other node's slots before clients are
-	// pointed at it.
-	for _, n := range c.Nodes {
 		waitFor(t, "full slot map on "+n.Addr(), func() bool {
-			info, err := Do(n.Addr(), "CLUSTER", "INFO")
-			return err == nil && infoField(info, "cluster_slots_ok") == "16384" &&
-				infoField(info, "cluster_known_nodes") == strconv.Itoa(masters)
+			info := infoOf(n, "CLUSTER", "INFO")
+			return info["cluster_state"] == "ok" && info["cluster_slots_ok"] == "16384" &&
+				info["cluster_known_nodes"] == strconv.Itoa(len(c.Nodes))
 		})
 	}
 	return c
@@ -308,24 +326,13 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 
 func startClusterNode(t testing.TB) *Server {
 	t.Helper()
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort(true)
-		if err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s := &Server{t: t, port: port, dir: t.TempDir(), args: []string{
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "3000",
-		}}
-		if lastErr = s.start(); lastErr == nil {
-			t.Cleanup(s.Stop)
-			return s
-		}
-	}
-	t.Fatalf("redistest: starting cluster node: %v", lastErr)
-	return nil
+	dir := t.TempDir()
+	s, err := launch(dir, true, nil, dataArgs(dir, []string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "3000",
+	})...)
+	return own(t, "cluster node", s, err)
 }
 
 // Sentinel is a master, one replica and one sentinel monitoring them with
@@ -348,47 +355,45 @@ func (s *Sentinel) SentinelAddrs() []string { return []string{s.Sentinel.Addr()}
 // can be requested right away.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	need(t, "install redis-server/redis-tools", "redis-server")
 	m := Start(t)
 	r := StartReplica(t, m)
-	st := &Sentinel{MasterName: "idemmaster", Master: m, Replica: r}
+	const name = "idemmaster"
+	return &Sentinel{MasterName: name, Master: m, Replica: r, Sentinel: StartSentinelOf(t, name, m.Addr(), r.Port())}
+}
 
-	var lastErr error
-	for attempt := 0; attempt < 5 && st.Sentinel == nil; attempt++ {
-		port, err := freePort(false)
-		if err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s := &Server{t: t, port: port, dir: t.TempDir()}
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		body := fmt.Sprintf(`port %d
-bind 127.0.0.1
-dir %s
-sentinel monitor %s 127.0.0.1 %d 1
-sentinel down-after-milliseconds %s 1000
-sentinel failover-timeout %s 10000
-sentinel parallel-syncs %s 1
-`, port, s.dir, st.MasterName, m.Port(), st.MasterName, st.MasterName, st.MasterName)
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatalf("redistest: %v", err)
-		}
-		s.mu.Lock()
-		lastErr = s.startLocked(exec.Command("redis-server", conf, "--sentinel"))
-		s.mu.Unlock()
-		if lastErr == nil {
-			t.Cleanup(s.Stop)
-			st.Sentinel = s
-		}
+// StartSentinelOf starts a sentinel that monitors the master at masterAddr
+// under name, with quorum 1, down after 1s, and returns once it knows a
+// replica listening on replicaPort. masterAddr may be a proxy in front of
+// the master: the sentinel reaches the master only through it (it learns
+// the replica's own address from the master's INFO). The sentinel is
+// stopped when t ends.
+func StartSentinelOf(t testing.TB, name, masterAddr string, replicaPort int) *Server {
+	t.Helper()
+	need(t, "install redis-server/redis-tools", "redis-server")
+	host, port, err := net.SplitHostPort(masterAddr)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
-	if st.Sentinel == nil {
-		t.Fatalf("redistest: starting sentinel: %v", lastErr)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf(`bind 127.0.0.1
+dir %[1]s
+sentinel monitor %[2]s %[3]s %[4]s 1
+sentinel down-after-milliseconds %[2]s 1000
+sentinel failover-timeout %[2]s 10000
+sentinel parallel-syncs %[2]s 1
+`, dir, name, host, port)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
+	s, err := launch(dir, false, nil, conf, "--sentinel")
+	s = own(t, "sentinel", s, err)
 	waitFor(t, "sentinel knows the replica", func() bool {
-		reply, err := Do(st.Sentinel.Addr(), "SENTINEL", "REPLICAS", st.MasterName)
-		return err == nil && strings.Contains(reply, strconv.Itoa(r.Port())) &&
+		reply, err := Do(s.Addr(), "SENTINEL", "REPLICAS", name)
+		return err == nil && strings.Contains(reply, strconv.Itoa(replicaPort)) &&
 			!strings.Contains(reply, "s_down") && !strings.Contains(reply, "disconnected")
 	})
-	return st
+	return s
 }
 
 // MasterAddr asks the sentinel for the current master's address.
@@ -404,15 +409,11 @@ func (s *Sentinel) MasterAddr() (string, error) {
 	return net.JoinHostPort(parts[0], parts[1]), nil
 }
 
-// waitFor polls cond every 10ms until it holds, failing t after a deadline.
+// waitFor polls cond until it holds, failing t after startTimeout.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(startTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !WaitFor(startTimeout, cond) {
+		t.Fatalf("redistest: timed out waiting for %s", what)
 	}
 }
 
@@ -433,15 +434,10 @@ func WaitFor(timeout time.Duration, cond func() bool) bool {
 // set, port+10000 (the Cluster bus port) is free as well.
 func freePort(bus bool) (int, error) {
 	for i := 0; i < 200; i++ {
-		n, err := rand.Int(rand.Reader, big.NewInt(20000))
-		if err != nil {
-			return 0, err
+		port := 20000 + rand.IntN(20000)
+		if portFree(port) && (!bus || portFree(port+10000)) {
+			return port, nil
 		}
-		port := 20000 + int(n.Int64())
-		if !portFree(port) || (bus && !portFree(port+10000)) {
-			continue
-		}
-		return port, nil
 	}
 	return 0, errors.New("no free loopback port found")
 }
@@ -522,20 +518,27 @@ func flatten(reply any, out *[]string) error {
 	return nil
 }
 
-// infoField returns the value of name in an INFO-style "name:value" text.
-func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		line = strings.TrimSpace(line)
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // InfoField returns the value of name in the reply of INFO (or CLUSTER
 // INFO), or "" when it is absent.
-func InfoField(info, name string) string { return infoField(info, name) }
+func InfoField(info, name string) string { return infoFields(info)[name] }
+
+// infoFields returns the "name:value" lines of an INFO-style reply by name.
+func infoFields(reply string) map[string]string {
+	fields := map[string]string{}
+	for line := range strings.Lines(reply) {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[name] = value
+		}
+	}
+	return fields
+}
+
+// infoOf runs an INFO-style command (INFO replication, CLUSTER INFO) on s and
+// returns its fields; none when s does not answer.
+func infoOf(s *Server, args ...string) map[string]string {
+	reply, _ := Do(s.Addr(), args...)
+	return infoFields(reply)
+}
 
 // CommandCalls returns how many times the server at addr has run command
 // (its name as INFO commandstats spells it: "pttl", "cluster|slots"),
@@ -547,7 +550,7 @@ func CommandCalls(t testing.TB, addr, command string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stat := infoField(info, "cmdstat_"+command) // calls=N,usec=...
+	stat := InfoField(info, "cmdstat_"+command) // calls=N,usec=...
 	calls, _, _ := strings.Cut(strings.TrimPrefix(stat, "calls="), ",")
 	if calls == "" {
 		return 0

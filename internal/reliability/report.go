@@ -5,10 +5,11 @@
 package reliability
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -101,7 +102,7 @@ func Summarize(results []Result) []Result {
 		s.Faults += r.Faults
 		s.Violations += r.Violations
 		s.Caught += r.Caught
-		if r.Note != "" && !contains(notes[k], r.Note) {
+		if r.Note != "" && !slices.Contains(notes[k], r.Note) {
 			notes[k] = append(notes[k], r.Note)
 		}
 	}
@@ -110,20 +111,8 @@ func Summarize(results []Result) []Result {
 		s.Note = strings.Join(notes[k], "; ")
 		out = append(out, *s)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Scenario != out[j].Scenario {
-			return out[i].Scenario < out[j].Scenario
-		}
-		return out[i].Store < out[j].Store
+	slices.SortFunc(out, func(a, b Result) int {
+		return cmp.Or(strings.Compare(a.Scenario, b.Scenario), strings.Compare(a.Store, b.Store))
 	})
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -18,7 +18,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"flag"
@@ -37,7 +36,7 @@ const (
 
 func main() {
 	file := flag.String("file", "RELIABILITY.md", "the file whose table is rewritten")
-	pkgs := flag.String("pkgs", "./internal/reliability/ . ./memstore/ ./redisstore/ ./pgstore/", "the packages whose scenarios run")
+	pkgs := flag.String("pkgs", "./internal/reliability/ . ./memstore/ ./redisstore/ ./pgstore/ ./outbox/ ./outbox/relay/", "the packages whose scenarios run")
 	flag.Parse()
 	if err := run(*file, *pkgs); err != nil {
 		fmt.Fprintln(os.Stderr, "reliability-report:", err)
@@ -96,18 +95,15 @@ func readResults(path string) ([]reliability.Result, error) {
 	}
 	defer f.Close()
 	var results []reliability.Result
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-			continue
-		}
+	dec := json.NewDecoder(f)
+	for dec.More() {
 		var r reliability.Result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+		if err := dec.Decode(&r); err != nil {
 			return nil, fmt.Errorf("%s: %v", path, err)
 		}
 		results = append(results, r)
 	}
-	return results, sc.Err()
+	return results, nil
 }
 
 func render(rows []reliability.Result) string {

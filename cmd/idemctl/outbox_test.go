@@ -1,0 +1,589 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/outboxtest"
+	"github.com/go-idempotency/idempotency/internal/pgtest"
+	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/relay"
+	"github.com/go-idempotency/idempotency/pgstore"
+)
+
+// outboxFixture is a database of its own with an outbox table, into which
+// the tests write messages in every status directly.
+type outboxFixture struct {
+	url   string
+	pool  *pgxpool.Pool
+	table string // as given to -table
+	n     int    // messages added
+}
+
+// newOutboxFixture creates the database with pgstore's tables, and the
+// outbox table named table when it is not the default one.
+func newOutboxFixture(t *testing.T, table string) *outboxFixture {
+	t.Helper()
+	url := pgtest.Database(t)
+	pool := pgtest.PoolOn(t, url)
+	ctx := context.Background()
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if table != pgstore.DefaultOutboxTable {
+		if schema, _, ok := strings.Cut(table, "."); ok {
+			if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := pool.Exec(ctx, pgstore.OutboxSchema(table)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &outboxFixture{url: url, pool: pool, table: table}
+}
+
+// run runs idemctl outbox with args on f's table.
+func (f *outboxFixture) run(t *testing.T, args ...string) result {
+	t.Helper()
+	return idemctl(t, nil, append([]string{"outbox", "-postgres", f.url, "-table", f.table}, args...)...)
+}
+
+// quoted is f's table quoted for SQL.
+func (f *outboxFixture) quoted() string {
+	return pgx.Identifier(strings.Split(f.table, ".")).Sanitize()
+}
+
+// msg is a message row as a test writes it. The durations are from the
+// server's clock at the insert.
+type msg struct {
+	topic       string
+	status      string
+	attempts    int
+	enqueued    time.Duration // ago
+	due         time.Duration // next_attempt_at from now (negative: past)
+	claimedBy   string        // claimed: the relay
+	claimLeft   time.Duration // claimed: claim_until from now (negative: ran out)
+	finished    time.Duration // done and dead: ago
+	lastError   *string
+	orderingKey string // default: the storage key
+}
+
+// add writes m and returns its ID.
+func (f *outboxFixture) add(t *testing.T, m msg) string {
+	t.Helper()
+	f.n++
+	key := idempotency.StorageKey("", fmt.Sprint("k-", f.n))
+	if m.topic == "" {
+		m.topic = "orders.created"
+	}
+	if m.orderingKey == "" {
+		m.orderingKey = key
+	}
+	var claimedBy *string
+	if m.claimedBy != "" {
+		claimedBy = &m.claimedBy
+	}
+	_, err := f.pool.Exec(context.Background(), `
+INSERT INTO `+f.quoted()+` (storage_key, seq, topic, payload, headers, ordering_key, status, attempts,
+	enqueued_at, next_attempt_at, claim_token, claimed_by, claim_until, finished_at, last_error)
+SELECT $1, 1, $2, '\x7b7d'::bytea, '{}'::jsonb, $3, $4::text, $5,
+	n - $6::interval, n + $7::interval,
+	CASE WHEN $4::text = 'claimed' THEN 'token-' || $1 END, $8,
+	CASE WHEN $4::text = 'claimed' THEN n + $9::interval END,
+	CASE WHEN $4::text IN ('done', 'dead') THEN n - $10::interval END, $11
+FROM (SELECT clock_timestamp() AS n) now`,
+		key, m.topic, m.orderingKey, m.status, m.attempts, m.enqueued, m.due, claimedBy, m.claimLeft, m.finished, m.lastError)
+	if err != nil {
+		t.Fatalf("insert %+v: %v", m, err)
+	}
+	return outbox.ID(key, 1)
+}
+
+// row returns the row of the message id as JSON text (every column), and
+// "" when there is none.
+func (f *outboxFixture) row(t *testing.T, id string) string {
+	t.Helper()
+	key, seq, err := outbox.ParseID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s string
+	err = f.pool.QueryRow(context.Background(), `SELECT to_jsonb(o)::text FROM `+f.quoted()+` o WHERE storage_key = $1 AND seq = $2`, key, seq).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// statuses counts f's rows by status.
+func (f *outboxFixture) statuses(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT status, count(*) FROM `+f.quoted()+` GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Status string
+		N      int
+	}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]int{}
+	for _, r := range got {
+		m[r.Status] = r.N
+	}
+	return m
+}
+
+// listen returns a connection LISTENing on the channel of f's table.
+func (f *outboxFixture) listen(t *testing.T) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	name := f.table[strings.LastIndexByte(f.table, '.')+1:]
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.Channel(name)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// notified waits up to d for a notification on conn, and returns it or
+// nil.
+func notified(t *testing.T, conn *pgx.Conn, d time.Duration) *pgconn.Notification {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	n, err := conn.WaitForNotification(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	return n
+}
+
+func ptr(s string) *string { return &s }
+
+func TestOutboxStatus(t *testing.T) {
+	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
+
+	// An empty outbox.
+	r := f.run(t).want(t, exitOK)
+	r.lines(t, [][]string{{"pending", "0", "0 due now, 0 waiting"}, {"total", "0"}})
+	r.contains(t, "table idempotency_outbox: 0 messages", "oldest due: none", "relays: none holds a claim")
+
+	oldest := f.add(t, msg{status: "pending", attempts: 2, enqueued: 10 * time.Minute, due: -5 * time.Minute, topic: "payments.settled"})
+	f.add(t, msg{status: "pending", enqueued: time.Hour, due: -time.Minute}) // enqueued earlier, due later
+	f.add(t, msg{status: "pending", attempts: 1, due: time.Hour, lastError: ptr("publish_failed: nak")})
+	f.add(t, msg{status: "claimed", claimedBy: "relay-a", claimLeft: 20 * time.Second})
+	f.add(t, msg{status: "claimed", claimedBy: "relay-a", claimLeft: -time.Second})
+	f.add(t, msg{status: "claimed", claimedBy: "relay-b", claimLeft: 20 * time.Second})
+	for range 3 {
+		f.add(t, msg{status: "done", attempts: 1, finished: time.Minute})
+	}
+	f.add(t, msg{status: "dead", attempts: 25, finished: time.Minute, lastError: ptr("publish_failed: no route")})
+
+	for _, args := range [][]string{nil, {"status"}} {
+		r := f.run(t, args...).want(t, exitOK)
+		r.lines(t, [][]string{
+			{"STATUS", "MESSAGES", "DETAIL"},
+			{"pending", "3", "2 due now, 1 waiting for a retry"},
+			{"claimed", "3", "1 with a claim that ran out"},
+			{"done", "3", "published"},
+			{"dead", "1", "out of attempts: idemctl outbox dead lists them"},
+			{"total", "10"},
+			{"RELAY", "CLAIMED", "RAN OUT"},
+			{"relay-a", "2", "1"},
+			{"relay-b", "1", "0"},
+		})
+		r.contains(t, "table idempotency_outbox: 10 messages",
+			"oldest due: "+oldest+" (topic payments.settled, 2 attempts so far): due for 5m", ", enqueued 10m")
+	}
+
+	var res outboxStatus
+	f.run(t, "-json").want(t, exitOK).decode(t, &res)
+	if res.Pending != 3 || res.PendingDue != 2 || res.PendingWaiting != 1 || res.Claimed != 3 || res.ClaimedRanOut != 1 ||
+		res.Done != 3 || res.Dead != 1 || res.Total != 10 || res.Table != "idempotency_outbox" {
+		t.Errorf("status -json: %+v", res)
+	}
+	o := res.OldestDue
+	if o == nil || o.ID != oldest || o.Topic != "payments.settled" || o.Attempts != 2 ||
+		o.DueForMS < 300_000 || o.DueForMS > 330_000 || o.AgeMS < 600_000 || o.AgeMS > 630_000 {
+		t.Errorf("oldest_due %+v, want %s due for 5m, enqueued 10m ago", o, oldest)
+	}
+	want := []relayClaims{{"relay-a", 2, 1}, {"relay-b", 1, 0}}
+	if fmt.Sprint(res.Relays) != fmt.Sprint(want) {
+		t.Errorf("relays %+v, want %+v", res.Relays, want)
+	}
+
+	// DATABASE_URL names the database as for the other commands.
+	idemctl(t, map[string]string{"DATABASE_URL": f.url}, "outbox").want(t, exitOK).lines(t, [][]string{{"total", "10"}})
+}
+
+func TestOutboxDead(t *testing.T) {
+	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
+	first := f.add(t, msg{status: "dead", attempts: 25, finished: 3 * time.Hour, lastError: ptr("publish_failed: nats: no responders available for request")})
+	hostileTopic, hostileError := "orders\x1b[31m.created\t", "publish_failed: broker said:\nno\x1b[2J\u202e"
+	second := f.add(t, msg{status: "dead", attempts: 3, finished: 2 * time.Hour, topic: hostileTopic, lastError: &hostileError})
+	third := f.add(t, msg{status: "dead", attempts: 1, finished: time.Hour, topic: "payments.settled"}) // no error kept
+	f.add(t, msg{status: "pending", attempts: 2, lastError: ptr("publish_failed: pending")})
+	f.add(t, msg{status: "done", attempts: 1, finished: time.Minute, lastError: ptr("publish_failed: done")})
+
+	r := f.run(t, "dead").want(t, exitOK)
+	checkShown(t, r.stdout+r.stderr)
+	rows := r.rows()
+	if len(rows) != 3 || !strings.HasPrefix(rows[0], first+"  ") || !strings.HasPrefix(rows[1], second+"  ") || !strings.HasPrefix(rows[2], third+"  ") {
+		t.Fatalf("dead: rows not the three dead messages, earliest to die first:\n%s", r.stdout)
+	}
+	r.lines(t, [][]string{
+		{"ID", "TOPIC", "ATTEMPTS", "FINISHED", "LAST ERROR"},
+		{first, "orders.created", "25"},
+		{second, `"orders\x1b[31m.created\t"`, "3"},
+		{third, "payments.settled", "1"},
+	})
+	r.contains(t, `"publish_failed: broker said:\nno\x1b[2J\u202e"`, "nats: no responders available for request")
+	if got := columns.Split(rows[2], -1); got[len(got)-1] != "-" {
+		t.Errorf("a dead message without last_error: %q, want - last", rows[2])
+	}
+	if strings.Contains(r.stdout, "pending") || strings.Contains(r.stdout, "publish_failed: done") {
+		t.Errorf("dead lists other messages:\n%s", r.stdout)
+	}
+	var finished time.Time
+	if err := f.pool.QueryRow(context.Background(), `SELECT finished_at FROM idempotency_outbox WHERE status = 'dead' ORDER BY finished_at LIMIT 1`).Scan(&finished); err != nil {
+		t.Fatal(err)
+	}
+	r.lines(t, [][]string{{first, "orders.created", "25", finished.UTC().Format(time.RFC3339)}})
+
+	r = f.run(t, "dead", "-topic", "payments.settled").want(t, exitOK)
+	if rows := r.rows(); len(rows) != 1 || !strings.HasPrefix(rows[0], third+"  ") {
+		t.Errorf("dead -topic payments.settled:\n%s", r.stdout)
+	}
+	r = f.run(t, "dead", "-limit", "1").want(t, exitOK).contains(t, "stopped at -limit 1")
+	if rows := r.rows(); len(rows) != 1 || !strings.HasPrefix(rows[0], first+"  ") {
+		t.Errorf("dead -limit 1:\n%s", r.stdout)
+	}
+	if r := f.run(t, "dead", "-limit", "3").want(t, exitOK); strings.Contains(r.stderr, "stopped") {
+		t.Errorf("dead -limit 3 of 3 says it stopped: %s", r.stderr)
+	}
+
+	// -json: one object per line, the text as stored, escaped.
+	r = f.run(t, "dead", "-json").want(t, exitOK)
+	checkShown(t, r.stdout)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("dead -json: %d lines, want 3:\n%s", len(lines), r.stdout)
+	}
+	var m deadMessage
+	result{stdout: lines[1]}.decode(t, &m)
+	if m.ID != second || m.Topic != hostileTopic || m.LastError == nil || *m.LastError != hostileError || m.Attempts != 3 ||
+		m.FinishedAt == nil || m.DeadForMS == nil || *m.DeadForMS < 7_200_000 || *m.DeadForMS > 7_300_000 {
+		t.Errorf("dead -json line %+v", m)
+	}
+	result{stdout: lines[2]}.decode(t, &m)
+	if m.ID != third || m.LastError != nil {
+		t.Errorf("dead -json line %+v, want %s without last_error", m, third)
+	}
+}
+
+func TestOutboxRequeue(t *testing.T) {
+	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
+	why := "publish_failed: nats: maximum payload exceeded"
+	dead := f.add(t, msg{status: "dead", attempts: 25, finished: time.Hour, due: -time.Hour, lastError: &why, claimedBy: "relay-z"})
+	pending := f.add(t, msg{status: "pending", attempts: 3, due: time.Minute, lastError: ptr("publish_failed: x")})
+	claimed := f.add(t, msg{status: "claimed", attempts: 1, claimedBy: "relay-a", claimLeft: 30 * time.Second})
+	done := f.add(t, msg{status: "done", attempts: 1, finished: time.Minute})
+	unknown := idempotency.StorageKey("", "never") + "/1"
+	listener := f.listen(t)
+
+	before := map[string]string{}
+	for _, id := range []string{dead, pending, claimed, done} {
+		before[id] = f.row(t, id)
+	}
+	unchanged := func(what string) {
+		t.Helper()
+		for id, row := range before {
+			if got := f.row(t, id); got != row {
+				t.Errorf("%s changed %s:\n%s\nwas\n%s", what, id, got, row)
+			}
+		}
+	}
+	f.run(t, "requeue", pending).want(t, exitRefused).contains(t, pending+" is pending: requeue acts on dead messages only", "nothing requeued")
+	f.run(t, "requeue", claimed).want(t, exitRefused).contains(t, claimed+" is claimed by relay relay-a: ", "a relay is publishing this one")
+	f.run(t, "requeue", done).want(t, exitRefused).contains(t, done+" is done: ", "was published")
+	f.run(t, "requeue", unknown).want(t, exitNotFound).contains(t, "no message "+unknown+" in idempotency_outbox")
+	// All or nothing: the dead message named with them stays dead.
+	f.run(t, "requeue", dead, pending).want(t, exitRefused).contains(t, pending+" is pending")
+	f.run(t, "requeue", dead, pending, unknown).want(t, exitNotFound).contains(t, pending+" is pending", "no message "+unknown)
+	unchanged("a refused requeue")
+	if n := notified(t, listener, 200*time.Millisecond); n != nil {
+		t.Errorf("a refused requeue notified: %+v", n)
+	}
+
+	r := f.run(t, "requeue", dead, dead).want(t, exitOK)
+	r.contains(t, "requeued 1 dead message in idempotency_outbox: pending, due now, attempts reset to 0; relays notified", "  "+dead)
+	if n := notified(t, listener, 5*time.Second); n == nil || n.Channel != "idempotency_outbox" || n.Payload != "" {
+		t.Errorf("notification after requeue: %+v, want one on idempotency_outbox", n)
+	}
+	var (
+		status, lastError          string
+		attempts                   int
+		finished, claimedBy        *string
+		noToken, noClaim           bool
+		dueNow, dueSinceTheRequeue bool
+	)
+	err := f.pool.QueryRow(context.Background(), `
+SELECT status, attempts, finished_at::text, last_error, claimed_by, claim_token IS NULL, claim_until IS NULL,
+	next_attempt_at <= clock_timestamp(), next_attempt_at > clock_timestamp() - interval '1 minute'
+FROM idempotency_outbox WHERE storage_key || '/' || seq = $1`, dead).
+		Scan(&status, &attempts, &finished, &lastError, &claimedBy, &noToken, &noClaim, &dueNow, &dueSinceTheRequeue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != "pending" || attempts != 0 || finished != nil || !noToken || !noClaim || !dueNow || !dueSinceTheRequeue {
+		t.Errorf("requeued row: status %s, attempts %d, finished_at %v, no claim %v %v, due now %v, due since the requeue %v",
+			status, attempts, finished, noToken, noClaim, dueNow, dueSinceTheRequeue)
+	}
+	// What says why and where it died is kept.
+	if lastError != why || claimedBy == nil || *claimedBy != "relay-z" {
+		t.Errorf("requeued row: last_error %q, claimed_by %v; want %q and relay-z kept", lastError, claimedBy, why)
+	}
+	delete(before, dead)
+	unchanged("requeue of another message")
+
+	// Requeued, the message is pending: requeued again, it is refused.
+	f.run(t, "requeue", dead).want(t, exitRefused).contains(t, "is pending")
+
+	// -all, of a topic.
+	a1 := f.add(t, msg{status: "dead", attempts: 5, finished: time.Minute, topic: "a"})
+	a2 := f.add(t, msg{status: "dead", attempts: 5, finished: time.Minute, topic: "a"})
+	b1 := f.add(t, msg{status: "dead", attempts: 5, finished: time.Minute, topic: "b"})
+	var ch outboxChange
+	f.run(t, "requeue", "-all", "-topic", "a", "-json").want(t, exitOK).decode(t, &ch)
+	if ch.Action != "requeued" || ch.Count != 2 || fmt.Sprint(ch.IDs) != fmt.Sprint([]string{a1, a2}) {
+		t.Errorf("requeue -all -topic a -json: %+v, want %s and %s", ch, a1, a2)
+	}
+	if n := notified(t, listener, 5*time.Second); n == nil {
+		t.Error("no notification after requeue -all")
+	}
+	if st := f.statuses(t); st["dead"] != 1 || st["pending"] != 4 {
+		t.Errorf("after requeue -all -topic a: %v, want b's message dead alone", st)
+	}
+	f.run(t, "requeue", "-all").want(t, exitOK).contains(t, "requeued 1 dead message", "  "+b1)
+	f.run(t, "requeue", "-all").want(t, exitOK).contains(t, "requeued 0 dead messages")
+	if n := notified(t, listener, 5*time.Second); n == nil {
+		t.Error("no notification after requeue -all")
+	}
+	if n := notified(t, listener, 200*time.Millisecond); n != nil {
+		t.Errorf("requeue -all of nothing notified: %+v", n)
+	}
+	if st := f.statuses(t); st["dead"] != 0 || st["pending"] != 5 || st["claimed"] != 1 || st["done"] != 1 {
+		t.Errorf("after requeue -all: %v", st)
+	}
+}
+
+func TestOutboxPurge(t *testing.T) {
+	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
+	pending := f.add(t, msg{status: "pending"})
+	waiting := f.add(t, msg{status: "pending", attempts: 2, due: time.Hour})
+	claimed := f.add(t, msg{status: "claimed", claimedBy: "relay-a", claimLeft: time.Minute})
+	ranOut := f.add(t, msg{status: "claimed", claimedBy: "relay-b", claimLeft: -time.Hour})
+	done := f.add(t, msg{status: "done", attempts: 1, finished: time.Minute})
+	dead := f.add(t, msg{status: "dead", attempts: 25, finished: time.Minute, lastError: ptr("publish_failed: x")})
+	unknown := idempotency.StorageKey("", "never") + "/7"
+
+	for _, id := range []string{pending, waiting, claimed, ranOut} {
+		f.run(t, "purge", id).want(t, exitRefused).contains(t, "purge deletes done and dead messages only", "nothing purged")
+		f.run(t, "purge", done, id).want(t, exitRefused)
+	}
+	f.run(t, "purge", claimed).want(t, exitRefused).contains(t, claimed+" is claimed by relay relay-a")
+	f.run(t, "purge", done, unknown).want(t, exitNotFound).contains(t, "no message "+unknown)
+	if st := f.statuses(t); st["pending"] != 2 || st["claimed"] != 2 || st["done"] != 1 || st["dead"] != 1 {
+		t.Fatalf("a refused purge deleted: %v", st)
+	}
+
+	r := f.run(t, "purge", done, dead).want(t, exitOK).contains(t, "purged 2 messages from idempotency_outbox", "  "+done, "  "+dead)
+	checkShown(t, r.stdout)
+	if f.row(t, done) != "" || f.row(t, dead) != "" {
+		t.Error("purge left a named message")
+	}
+	f.run(t, "purge", done).want(t, exitNotFound)
+
+	// Bulk purges, by age.
+	var oldDone []string
+	for i := range 5 {
+		oldDone = append(oldDone, f.add(t, msg{status: "done", attempts: 1, finished: time.Duration(2+i) * time.Hour, topic: fmt.Sprint("t", i%2)}))
+	}
+	newDone := f.add(t, msg{status: "done", attempts: 1, finished: time.Minute})
+	oldDead := f.add(t, msg{status: "dead", attempts: 25, finished: 3 * time.Hour})
+	f.run(t, "purge", "-done").want(t, exitUsage).contains(t, "needs -older")
+	f.run(t, "purge", "-done", "-older", "1h", "-topic", "t1").want(t, exitOK).contains(t, "purged 2 done messages of topic t1 from idempotency_outbox that finished at least 1h0m ago")
+	if f.row(t, oldDone[1]) != "" || f.row(t, oldDone[3]) != "" || f.row(t, oldDone[0]) == "" {
+		t.Error("purge -done -topic t1 deleted the wrong messages")
+	}
+	f.run(t, "purge", "-done", "-older", "1h", "-batch", "2", "-json").want(t, exitOK).decode(t, new(outboxChange))
+	if st := f.statuses(t); st["done"] != 1 || st["dead"] != 1 || f.row(t, newDone) == "" || f.row(t, oldDead) == "" {
+		t.Errorf("after purge -done -older 1h: %v, want the young done message and the dead one kept", st)
+	}
+	var ch outboxChange
+	f.run(t, "purge", "-done", "-dead", "-older", "0", "-batch", "1", "-json").want(t, exitOK).decode(t, &ch)
+	if ch.Action != "purged" || ch.Count != 2 || ch.IDs != nil {
+		t.Errorf("purge -done -dead -older 0 -json: %+v, want 2 purged", ch)
+	}
+	// Never a pending or claimed message.
+	if st := f.statuses(t); len(st) != 2 || st["pending"] != 2 || st["claimed"] != 2 {
+		t.Errorf("after purge -done -dead -older 0: %v, want the 2 pending and 2 claimed messages alone", st)
+	}
+	for _, id := range []string{pending, waiting, claimed, ranOut} {
+		if f.row(t, id) == "" {
+			t.Errorf("purge deleted %s", id)
+		}
+	}
+}
+
+func TestOutboxSchemaTable(t *testing.T) {
+	f := newOutboxFixture(t, "myschema.box")
+	why := "publish_failed: \x1b]0;pwned\x07"
+	dead := f.add(t, msg{status: "dead", attempts: 2, finished: time.Minute, lastError: &why})
+	f.add(t, msg{status: "claimed", claimedBy: "relay\r\x1b[2Kfake", claimLeft: time.Minute})
+	f.add(t, msg{status: "pending", topic: "odd\u2028topic", due: -time.Minute})
+
+	r := f.run(t).want(t, exitOK)
+	checkShown(t, r.stdout)
+	r.contains(t, "table myschema.box: 3 messages", `topic "odd\u2028topic"`).lines(t, [][]string{{`"relay\r\x1b[2Kfake"`, "1", "0"}})
+	r = f.run(t, "dead").want(t, exitOK)
+	checkShown(t, r.stdout)
+	r.lines(t, [][]string{{dead, "orders.created", "2"}}).contains(t, `"publish_failed: \x1b]0;pwned\a"`)
+
+	listener := f.listen(t) // on "box"
+	f.run(t, "requeue", dead).want(t, exitOK).contains(t, "requeued 1 dead message in myschema.box")
+	if n := notified(t, listener, 5*time.Second); n == nil || n.Channel != "box" {
+		t.Errorf("notification after requeue: %+v, want one on box", n)
+	}
+	if st := f.statuses(t); st["pending"] != 2 || st["dead"] != 0 {
+		t.Errorf("after requeue: %v", st)
+	}
+
+	// The default table holds none of these.
+	idemctl(t, nil, "outbox", "-postgres", f.url, "dead").want(t, exitOK).contains(t, "ID  ")
+	idemctl(t, nil, "outbox", "-postgres", f.url, "requeue", dead).want(t, exitNotFound).contains(t, "no message "+dead+" in idempotency_outbox")
+	idemctl(t, nil, "outbox", "-postgres", f.url, "-table", "myschema.nope").want(t, exitFailure).contains(t, "does not exist")
+}
+
+// TestOutboxRequeueWakesRelay kills a message in a running relay, lists it
+// as dead, and requeues it: the relay, which polls once a minute, is woken
+// by the requeue's notification and publishes it.
+func TestOutboxRequeueWakesRelay(t *testing.T) {
+	db := outboxtest.NewDB(t)
+	rec := outboxtest.NewRecorder()
+	rec.FailWith(func(outbox.Envelope) error { return errors.New("broker down\nretry later") })
+	rl := relay.New(db.Pool, rec, relay.WithMaxAttempts(1), relay.WithPollInterval(time.Minute), relay.WithName("relay-1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- rl.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+
+	ids := db.Enqueue(t, "order-1", outbox.Message{Topic: "orders.created", Payload: []byte(`{"id":1}`)})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if r, _ := db.Row(t, ids[0]); r.Status == outbox.StatusDead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the message never died: %+v", db.Statuses(t))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run := func(args ...string) result {
+		return idemctl(t, nil, append([]string{"outbox", "-postgres", db.URL}, args...)...)
+	}
+	run().want(t, exitOK).lines(t, [][]string{{"dead", "1"}, {"pending", "0"}})
+	r := run("dead").want(t, exitOK)
+	r.lines(t, [][]string{{ids[0], "orders.created", "1"}}).contains(t, `"publish_failed: broker down\nretry later"`)
+	checkShown(t, r.stdout)
+
+	rec.FailWith(nil)
+	run("requeue", ids[0]).want(t, exitOK)
+	if err := rec.AwaitIDs(10*time.Second, ids[0]); err != nil {
+		t.Fatalf("the requeued message was not published: %v", err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		row, _ := db.Row(t, ids[0])
+		if row.Status == outbox.StatusDone {
+			if row.Attempts != 1 || row.LastError == nil || !strings.Contains(*row.LastError, "broker down") {
+				t.Errorf("the published message's row: %+v, want 1 attempt and the last error kept", row)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the message was published but not marked done: %+v", row)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run().want(t, exitOK).lines(t, [][]string{{"done", "1"}, {"dead", "0"}})
+}
+
+// TestOutboxUsage needs no server: the command line is checked first.
+func TestOutboxUsage(t *testing.T) {
+	const url = "postgres://x@127.0.0.1:1/x"
+	id := idempotency.StorageKey("", "k") + "/1"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"frob"}, `unknown subcommand "frob"`},
+		{[]string{id}, "unknown subcommand"},
+		{[]string{"status", "extra"}, `unexpected argument "extra"`},
+		{[]string{"status", "-limit", "3"}, "-limit is not a flag of outbox status"},
+		{[]string{"dead", "-all"}, "-all is not a flag of outbox dead"},
+		{[]string{"dead", "-limit", "-1"}, "-limit -1 is negative"},
+		{[]string{"requeue"}, "name the messages"},
+		{[]string{"requeue", "-older", "1h", id}, "-older is not a flag of outbox requeue"},
+		{[]string{"requeue", "-all", id}, "give message IDs or -all, not both"},
+		{[]string{"requeue", "-topic", "a", id}, "-topic goes with -all"},
+		{[]string{"requeue", "abc"}, "invalid message ID"},
+		{[]string{"requeue", id[:len(id)-1] + "0"}, "does not end in a sequence from 1"},
+		{[]string{"purge"}, "name the messages: their IDs (<storage key>/<sequence>), or -dead or -done"},
+		{[]string{"purge", "-dead"}, "purge -dead needs -older"},
+		{[]string{"purge", "-dead", "-done"}, "purge -done -dead needs -older"},
+		{[]string{"purge", "-done", "-older", "-1s"}, "-older -1s is negative"},
+		{[]string{"purge", "-done", "-older", "1h", "-batch", "0"}, "-batch 0"},
+		{[]string{"purge", "-older", "1h", id}, "-older and -batch go with -dead or -done"},
+		{[]string{"purge", "-all"}, "-all is not a flag of outbox purge"},
+		{[]string{"-redis", "127.0.0.1:1"}, "flag provided but not defined: -redis"},
+		{[]string{"-table", "a.b.c"}, "more than two parts"},
+	} {
+		r := idemctl(t, nil, append([]string{"outbox", "-postgres", url}, c.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("outbox %q: exit status %d, stderr %q; want %d and %q", c.args, r.code, r.stderr, exitUsage, c.want)
+		}
+	}
+	idemctl(t, nil, "outbox").want(t, exitUsage).contains(t, "no database: give -postgres (or set DATABASE_URL)")
+	// Redis's environment does not matter to the outbox.
+	idemctl(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}, "outbox", "dead").want(t, exitUsage).contains(t, "no database")
+	idemctl(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": "redis://127.0.0.1:1"}, "outbox", "-timeout", "2s").
+		want(t, exitFailure).contains(t, "connecting to PostgreSQL")
+	idemctl(t, nil, "outbox", "purge", "-h").want(t, exitOK).contains(t, "Usage: idemctl outbox", "purge deletes done and dead messages")
+}
