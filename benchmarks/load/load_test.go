@@ -180,11 +180,22 @@ func TestRecordFloorHandler(t *testing.T) {
 		}
 		return string(body)
 	}
+	// The response goes out before the record is stored: stored waits
+	// for the record's body (there is nothing else to wait on).
+	stored := func(key string) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if c.HGet(context.Background(), key, "body").Val() != "" {
+				return
+			}
+		}
+	}
 	post("k0", "new") // loads the scripts
+	stored("test:recordfloor:k0")
 	counter.evalsha.Store(0)
 	if got := post("k1", "new"); got != string(payload) {
 		t.Fatalf("new: body %q", got)
 	}
+	stored("test:recordfloor:k1")
 	if n := counter.evalsha.Load(); n != 2 {
 		t.Errorf("new: %d EVALSHA, want 2", n)
 	}
