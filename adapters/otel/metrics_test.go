@@ -332,12 +332,18 @@ func TestBuckets(t *testing.T) {
 // construction.
 func TestMisconfigurationPanics(t *testing.T) {
 	for name, f := range map[string]func(){
-		"nil store":           func() { idemotel.Store(nil) },
-		"nil meter provider":  func() { idemotel.WithMeterProvider(nil) },
-		"nil tracer provider": func() { idemotel.WithTracerProvider(nil) },
-		"no buckets":          func() { idemotel.WithBuckets() },
-		"unsorted buckets":    func() { idemotel.WithBuckets(1, 0.5) },
-		"infinite bucket":     func() { idemotel.WithBuckets(1, math.Inf(1)) },
+		"nil store":            func() { idemotel.Store(nil) },
+		"nil meter provider":   func() { idemotel.WithMeterProvider(nil) },
+		"nil tracer provider":  func() { idemotel.WithTracerProvider(nil) },
+		"no buckets":           func() { idemotel.WithBuckets() },
+		"unsorted buckets":     func() { idemotel.WithBuckets(1, 0.5) },
+		"infinite bucket":      func() { idemotel.WithBuckets(1, math.Inf(1)) },
+		"nil sink":             func() { idemotel.Sink(nil) },
+		"nil propagator":       func() { idemotel.WithPropagator(nil) },
+		"nil topic pattern":    func() { idemotel.WithTopicPattern(nil) },
+		"no age buckets":       func() { idemotel.WithAgeBuckets() },
+		"unsorted age buckets": func() { idemotel.WithAgeBuckets(60, 1) },
+		"infinite age bucket":  func() { idemotel.WithAgeBuckets(1, math.Inf(1)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -571,18 +572,28 @@ func TestDefaultBuckets(t *testing.T) {
 func TestMisconfigurationPanics(t *testing.T) {
 	twice := prometheus.NewRegistry()
 	idemprom.Observer(twice)
+	relayTwice := prometheus.NewRegistry()
+	idemprom.RelayObserver(relayTwice)
 	for name, f := range map[string]func(){
-		"nil registerer":       func() { idemprom.Observer(nil) },
-		"registered twice":     func() { idemprom.Observer(twice) },
-		"bad namespace":        func() { idemprom.WithNamespace("my-service") },
-		"const label route":    func() { idemprom.WithConstLabels(prometheus.Labels{"route": "x"}) },
-		"const label outcome":  func() { idemprom.WithConstLabels(prometheus.Labels{"outcome": "x"}) },
-		"reserved const label": func() { idemprom.WithConstLabels(prometheus.Labels{"__name": "x"}) },
-		"invalid const label":  func() { idemprom.WithConstLabels(prometheus.Labels{"a-b": "x"}) },
-		"no buckets":           func() { idemprom.WithBuckets() },
-		"unsorted buckets":     func() { idemprom.WithBuckets(1, 0.5) },
-		"repeated bucket":      func() { idemprom.WithBuckets(1, 1) },
-		"nil exemplar":         func() { idemprom.WithExemplar(nil) },
+		"nil registerer":         func() { idemprom.Observer(nil) },
+		"registered twice":       func() { idemprom.Observer(twice) },
+		"bad namespace":          func() { idemprom.WithNamespace("my-service") },
+		"const label route":      func() { idemprom.WithConstLabels(prometheus.Labels{"route": "x"}) },
+		"const label outcome":    func() { idemprom.WithConstLabels(prometheus.Labels{"outcome": "x"}) },
+		"reserved const label":   func() { idemprom.WithConstLabels(prometheus.Labels{"__name": "x"}) },
+		"invalid const label":    func() { idemprom.WithConstLabels(prometheus.Labels{"a-b": "x"}) },
+		"no buckets":             func() { idemprom.WithBuckets() },
+		"unsorted buckets":       func() { idemprom.WithBuckets(1, 0.5) },
+		"repeated bucket":        func() { idemprom.WithBuckets(1, 1) },
+		"nil exemplar":           func() { idemprom.WithExemplar(nil) },
+		"nil registerer, relay":  func() { idemprom.RelayObserver(nil) },
+		"relay registered twice": func() { idemprom.RelayObserver(relayTwice) },
+		"const label relay":      func() { idemprom.WithConstLabels(prometheus.Labels{"relay": "x"}) },
+		"const label topic":      func() { idemprom.WithConstLabels(prometheus.Labels{"topic": "x"}) },
+		"no age buckets":         func() { idemprom.WithAgeBuckets() },
+		"unsorted age buckets":   func() { idemprom.WithAgeBuckets(60, 1) },
+		"NaN age bucket":         func() { idemprom.WithAgeBuckets(1, math.NaN()) },
+		"nil topic pattern":      func() { idemprom.WithTopicPattern(nil) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {

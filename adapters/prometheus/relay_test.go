@@ -184,33 +184,6 @@ func TestBothObserversOneRegistry(t *testing.T) {
 	expectSeries(t, reg, "idempotency_outbox_published_total", map[string]float64{"relay=r,topic=t": 1})
 }
 
-// TestRelayMisconfigurationPanics checks that every misconfiguration of
-// RelayObserver panics at construction.
-func TestRelayMisconfigurationPanics(t *testing.T) {
-	twice := prometheus.NewRegistry()
-	idemprom.RelayObserver(twice)
-	for name, f := range map[string]func(){
-		"nil registerer":        func() { idemprom.RelayObserver(nil) },
-		"registered twice":      func() { idemprom.RelayObserver(twice) },
-		"const label relay":     func() { idemprom.WithConstLabels(prometheus.Labels{"relay": "x"}) },
-		"const label topic":     func() { idemprom.WithConstLabels(prometheus.Labels{"topic": "x"}) },
-		"no age buckets":        func() { idemprom.WithAgeBuckets() },
-		"unsorted age buckets":  func() { idemprom.WithAgeBuckets(60, 1) },
-		"NaN age bucket":        func() { idemprom.WithAgeBuckets(1, math.NaN()) },
-		"nil topic pattern":     func() { idemprom.WithTopicPattern(nil) },
-		"unsorted buckets, too": func() { idemprom.WithBuckets(1, 0.5) },
-	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Error("no panic")
-				}
-			}()
-			f()
-		})
-	}
-}
-
 // TestDefaultAgeBuckets checks the default bounds are what the
 // documentation says: increasing, from 5 milliseconds to an hour.
 func TestDefaultAgeBuckets(t *testing.T) {
