@@ -33,8 +33,9 @@ const (
 
 // runChild is the child process: a relay whose sink confirms every message
 // (printing "published <id> <attempt>") and whose first mark-done statement
-// never reaches the server (it prints "marking" and blocks), so that the
-// parent can kill it between the publish and the mark.
+// (the batch's, once all of it was published) never reaches the server (it
+// prints "marking" and blocks), so that the parent can kill it between the
+// publishes and the mark.
 func runChild() int {
 	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
 	if err != nil {
@@ -69,11 +70,11 @@ func (blockMarks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.Tra
 func (blockMarks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestRelayKilledBetweenPublishAndMark: a relay process is killed with
-// SIGKILL after its sink confirmed a message and before it marked it done.
-// Once the claim lease has run out, another relay takes the batch back
-// (an attempt counted for each message) and publishes it: the message the
-// dead relay had published is delivered a second time, with the same ID
-// (at least once), and every message ends done.
+// SIGKILL after its sink confirmed a batch's messages and before it marked
+// them done. Once the claim lease has run out, another relay takes the
+// batch back (an attempt counted for each message) and publishes it: each
+// message the dead relay had published is delivered a second time, with
+// the same ID (at least once), and every message ends done.
 func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	db := outboxtest.NewDB(t)
 	ids := enqueueN(t, db, "k", 3, 1)
@@ -122,16 +123,18 @@ wait:
 	}
 	killed := time.Now()
 	child.Wait()
-	if len(published) != 1 {
-		t.Fatalf("the child published %q, want one message", published)
+	if len(published) != len(ids) {
+		t.Fatalf("the child published %q before its mark, want the batch of %d", published, len(ids))
 	}
-	var first string
-	var attempt int
-	if _, err := fmt.Sscanf(published[0], "published %s %d", &first, &attempt); err != nil || attempt != 1 {
-		t.Fatalf("child's line %q", published[0])
-	}
-	if row, _ := db.Row(t, first); row.Status != outbox.StatusClaimed {
-		t.Fatalf("the published message is %s after the kill, want claimed", row.Status)
+	for _, l := range published {
+		var id string
+		var attempt int
+		if _, err := fmt.Sscanf(l, "published %s %d", &id, &attempt); err != nil || attempt != 1 {
+			t.Fatalf("child's line %q", l)
+		}
+		if row, _ := db.Row(t, id); row.Status != outbox.StatusClaimed {
+			t.Fatalf("published message %s is %s after the kill, want claimed", id, row.Status)
+		}
 	}
 
 	rec := outboxtest.NewRecorder()
@@ -148,7 +151,7 @@ wait:
 			t.Errorf("%s presented at attempt %d, want 2 (the dead claim counted)", d.ID, d.Attempt)
 		}
 	}
-	rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered first once more
+	rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered each once more
 	ev.await(t, 5*time.Second, "3 reclaimed, 3 published", func() bool {
 		return len(ev.of(relay.EventReclaimed)) == 3 && len(ev.of(relay.EventPublished)) == 3
 	})
@@ -157,9 +160,9 @@ wait:
 			t.Errorf("%s: %+v, want done after 2 attempts", id, row)
 		}
 	}
-	t.Logf("%s delivered by the killed relay and again %v after the kill by the survivor", first, republished.Round(time.Millisecond))
+	t.Logf("%d messages delivered by the killed relay and again %v after the kill by the survivor", len(ids), republished.Round(time.Millisecond))
 	reliability.Report(t, reliability.Result{Scenario: "outbox: relay SIGKILLed between publish and mark-done", Store: "postgres",
-		Operations: 4, Faults: 1, Note: fmt.Sprintf("claim lease 1s: the batch taken back and published %v after the kill, attempt 2; the published message delivered twice with the same ID (at least once), all 3 done", republished.Round(10*time.Millisecond))})
+		Operations: 4, Faults: 1, Note: fmt.Sprintf("claim lease 1s: the batch taken back and published %v after the kill, attempt 2; its 3 published messages delivered twice with the same IDs (at least once), all 3 done", republished.Round(10*time.Millisecond))})
 }
 
 // TestConnectionKilledDuringClaim: the relay's backend is terminated while

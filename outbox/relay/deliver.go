@@ -92,12 +92,25 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	return len(msgs), nil
 }
 
-// present publishes msgs, WithConcurrency at a time, and hands back those
-// whose turn came too late or after ctx ended.
+// confirmed is a message its sink confirmed, waiting for its done mark.
+type confirmed struct {
+	id int64
+	e  Event // its EventPublished, but for the mark's outcome
+}
+
+// present publishes msgs, WithConcurrency at a time, marks those the sink
+// confirmed done in one statement once the batch has been presented, and
+// hands back those whose turn came too late or after ctx ended. The marks
+// of a batch wait for its end: one commit per batch rather than one per
+// message (the relay's throughput over a plain publishing loop:
+// BENCHMARKS.md), at the cost that a relay dying mid-batch has its
+// batch's confirmed messages published again after the claim lease, as
+// one dying between a confirm and its mark always has.
 func (r *Relay) present(ctx context.Context, c *claim, msgs []claimed) {
 	var (
 		mu   sync.Mutex
 		back []int64
+		done []confirmed
 		wg   sync.WaitGroup
 	)
 	work := make(chan claimed)
@@ -110,7 +123,11 @@ func (r *Relay) present(ctx context.Context, c *claim, msgs []claimed) {
 					mu.Unlock()
 					continue
 				}
-				r.deliver(ctx, c, m)
+				if e, ok := r.deliver(ctx, c, m); ok {
+					mu.Lock()
+					done = append(done, confirmed{m.id, e})
+					mu.Unlock()
+				}
 			}
 		})
 	}
@@ -119,40 +136,63 @@ func (r *Relay) present(ctx context.Context, c *claim, msgs []claimed) {
 	}
 	close(work)
 	wg.Wait()
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	r.markDone(ctx, mctx, c, done)
 	if len(back) == 0 {
 		return
 	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-	defer cancel()
 	if _, err := r.pool.Exec(mctx, r.sql.release, back, c.token); err != nil {
 		r.emit(ctx, Event{Kind: EventError, Err: fmt.Errorf("relay: release %d messages: %w", len(back), err)})
 	}
 }
 
-// deliver presents one message to the sink and marks the outcome.
-func (r *Relay) deliver(ctx context.Context, c *claim, m claimed) {
+// markDone marks the confirmed messages done, in mctx, and reports each:
+// published, or fenced when its claim had been taken back meanwhile.
+func (r *Relay) markDone(ctx, mctx context.Context, c *claim, done []confirmed) {
+	if len(done) == 0 {
+		return
+	}
+	ids := make([]int64, len(done))
+	for i, d := range done {
+		ids[i] = d.id
+	}
+	rows, err := r.pool.Query(mctx, r.sql.done, ids, c.token)
+	var marked []int64
+	if err == nil {
+		marked, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	if err != nil {
+		r.emit(ctx, Event{Kind: EventError, Err: fmt.Errorf("relay: mark %d messages done (published; they are published again once their claim runs out): %w", len(done), err)})
+		return
+	}
+	for _, d := range done {
+		if slices.Contains(marked, d.id) {
+			d.e.Kind = EventPublished
+		} else {
+			d.e.Kind, d.e.Published, d.e.Age = EventFenced, true, 0
+		}
+		r.emit(ctx, d.e)
+	}
+}
+
+// deliver presents one message to the sink. When the sink confirmed it,
+// deliver returns its event (its age taken at the confirm), for markDone;
+// otherwise it marks the failure itself, reports it, and returns false.
+func (r *Relay) deliver(ctx context.Context, c *claim, m claimed) (Event, bool) {
 	pctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), c.end)
 	start := time.Now()
 	err := publish(pctx, r.sink, m.env)
 	took := time.Since(start)
 	cancel()
 
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-	defer cancel()
 	e := Event{ID: m.env.ID, Topic: m.env.Topic, Attempt: m.env.Attempt, Duration: took}
 	if err == nil {
-		tag, err := r.pool.Exec(mctx, r.sql.done, m.id, c.token)
-		switch {
-		case err != nil:
-			e.Kind, e.Err = EventError, fmt.Errorf("relay: mark %s done (published; it is published again once its claim runs out): %w", m.env.ID, err)
-		case tag.RowsAffected() == 0:
-			e.Kind, e.Published = EventFenced, true
-		default:
-			e.Kind, e.Age = EventPublished, time.Since(m.env.EnqueuedAt)
-		}
-		r.emit(ctx, e)
-		return
+		e.Age = time.Since(m.env.EnqueuedAt)
+		return e, true
 	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
 	wait := backoff(m.env.Attempt, r.cfg.backoffMin, r.cfg.backoffMax, r.random)
 	var status string
 	merr := r.pool.QueryRow(mctx, r.sql.retry, m.id, c.token, r.cfg.maxAttempts, wait, lastError(err)).Scan(&status)
@@ -167,6 +207,7 @@ func (r *Relay) deliver(ctx context.Context, c *claim, m claimed) {
 		e.Kind, e.Err, e.Backoff = EventRetried, err, wait
 	}
 	r.emit(ctx, e)
+	return Event{}, false
 }
 
 // panicError is a sink's panic, recovered.

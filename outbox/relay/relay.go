@@ -68,10 +68,11 @@ const purgeEvery = time.Minute
 //
 //   - claim: up to a batch of due messages (see WithBatchSize), at most one
 //     of each ordering key, under a claim lease (WithClaimLease);
-//   - present each to the sink, and mark it done once the sink confirmed
-//     it, or, when it failed, pending again after a backoff (WithBackoff)
-//     or dead at the attempt cap (WithMaxAttempts); the marks are fenced by
-//     the claim, so a relay whose claim was taken back marks nothing;
+//   - present each to the sink; mark those the sink confirmed done, in one
+//     statement once the batch has been presented, and each that failed
+//     pending again after a backoff (WithBackoff) or dead at the attempt
+//     cap (WithMaxAttempts); the marks are fenced by the claim, so a relay
+//     whose claim was taken back marks nothing;
 //   - after a batch that found messages, claim again at once; otherwise
 //     purge terminal messages past the retention (WithRetention), and wait
 //     for a notification, the next retry or claim to run out, or the poll

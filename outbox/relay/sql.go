@@ -58,12 +58,16 @@ FROM due, now
 WHERE o.id = due.id
 RETURNING o.id, o.storage_key, o.seq, o.topic, o.payload, o.headers, o.ordering_key, o.attempts, o.enqueued_at`
 
-// doneSQL marks a message published: $1 id, $2 the claim's token.
+// doneSQL marks the messages of a claim that its sink confirmed
+// published, in one statement (one commit) per batch, and returns the ids
+// it marked: $1 ids, $2 the claim's token. An id it does not return was
+// taken back meanwhile (fenced).
 const doneSQL = `
 UPDATE {table} SET
 	status = 'done', attempts = attempts + 1, finished_at = clock_timestamp(),
 	claim_token = NULL, claim_until = NULL
-WHERE id = $1::bigint AND status = 'claimed' AND claim_token = $2::text`
+WHERE id = ANY ($1::bigint[]) AND status = 'claimed' AND claim_token = $2::text
+RETURNING id`
 
 // retrySQL records a failed publish: back to pending, due after the
 // backoff, or dead when this was attempt $3 (the cap) or later; the error
