@@ -437,9 +437,9 @@ func outboxState(t *testing.T, pool *pgxpool.Pool) string {
 // It returns the number of connections killed.
 func killClaims(pool *pgxpool.Pool, rounds int) (int, error) {
 	ctx := context.Background()
-	killed := 0
+	killed, budget := 0, 20*rounds
 	for tries := 0; rounds > 0; tries++ {
-		if tries == 20*rounds {
+		if tries == budget {
 			return killed, errors.New("no relay claimed while the outbox was locked")
 		}
 		n, err := killClaimRound(ctx, pool)
