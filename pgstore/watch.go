@@ -2,13 +2,14 @@ package pgstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/pglisten"
 )
 
 // Watch implements idempotency.Store. The complete and release statements
@@ -188,95 +189,35 @@ func (h *hub) notify(key string) {
 	}
 }
 
-// run owns the listening connection until the hub is closed.
+// run owns the listening connection until the hub is closed. Between
+// failed connection attempts it pauses 50ms, doubling up to the
+// health-check interval.
 func (h *hub) run() {
 	defer close(h.exited)
-	var pause time.Duration
-	for h.ctx.Err() == nil {
-		conn, err := h.connect()
-		if err != nil {
-			// Pause before the next attempt: 50ms, doubling up to the
-			// health-check interval.
-			pause = min(max(2*pause, 50*time.Millisecond), h.health)
-			t := time.NewTimer(pause)
-			select {
-			case <-t.C:
-			case <-h.ctx.Done():
-				t.Stop()
-			}
-			continue
-		}
-		pause = 0
-		h.mu.Lock()
-		h.listening = true
-		h.pid = conn.PgConn().PID()
-		h.connects++
-		close(h.ready)
-		h.mu.Unlock()
-
-		h.listen(conn)
-
-		h.mu.Lock()
-		h.listening = false
-		h.ready = make(chan struct{})
-		for _, ws := range h.waiters {
-			for w := range ws {
-				if w.confirmed {
-					w.fire()
+	pglisten.Run(h.ctx, h.connConfig, h.channel, h.health, h.health, pglisten.Events{
+		Listening: func(pid uint32) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.listening = true
+			h.pid = pid
+			h.connects++
+			close(h.ready)
+		},
+		Notified: h.notify,
+		Dropped: func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.listening = false
+			h.ready = make(chan struct{})
+			for _, ws := range h.waiters {
+				for w := range ws {
+					if w.confirmed {
+						w.fire()
+					}
 				}
 			}
-		}
-		h.mu.Unlock()
-		// A connection to a server that stopped answering can take long to
-		// close; the next one need not wait for it.
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			conn.Close(ctx)
-		}()
-	}
-}
-
-// connect opens a connection and LISTENs on the channel, within twice the
-// health-check interval.
-func (h *hub) connect() (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(h.ctx, 2*h.health)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, h.connConfig)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{h.channel}.Sanitize()); err != nil {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn.Close(closeCtx)
-		return nil, err
-	}
-	return conn, nil
-}
-
-// listen routes notifications to waiters until the connection fails, stays
-// silent through a ping, or the hub is closed.
-func (h *hub) listen(conn *pgx.Conn) {
-	for {
-		ctx, cancel := context.WithTimeout(h.ctx, h.health)
-		n, err := conn.WaitForNotification(ctx)
-		silent := errors.Is(ctx.Err(), context.DeadlineExceeded)
-		cancel()
-		switch {
-		case err == nil:
-			h.notify(n.Payload)
-			continue
-		case h.ctx.Err() != nil || !silent || conn.IsClosed():
-			return
-		}
-		ctx, cancel = context.WithTimeout(h.ctx, h.health)
-		err = conn.Ping(ctx)
-		cancel()
-		if err != nil {
-			return
-		}
-	}
+		},
+	})
 }
 
 // close stops run, which drops the connection, and wakes every waiter;

@@ -1,9 +1,6 @@
 package relay
 
-import (
-	"math/rand/v2"
-	"time"
-)
+import "time"
 
 // backoff returns the wait after the failure of attempt n (from 1): lo
 // doubled n-1 times, at most hi, less a random part of up to half (random
@@ -16,6 +13,3 @@ func backoff(n int, lo, hi time.Duration, random func() float64) time.Duration {
 	d = time.Duration(float64(min(d, hi)) * (1 - random()/2))
 	return max(d, time.Microsecond)
 }
-
-// jitter is backoff's random source: uniform in [0, 1).
-func jitter() float64 { return rand.Float64() }

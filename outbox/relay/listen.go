@@ -2,11 +2,9 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/go-idempotency/idempotency/internal/pglisten"
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
@@ -19,68 +17,11 @@ const listenerHealth = 5 * time.Second
 // ends, and puts a wake-up on wake for every notification, and whenever a
 // new connection starts listening (a notification may have been lost while
 // none did). A connection that breaks or stops answering is replaced, with
-// a growing pause between failed attempts; meanwhile the poll interval
-// bounds the latency.
+// a pause of up to the poll interval between failed attempts; meanwhile
+// the poll interval bounds the latency.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	var pause time.Duration
-	for ctx.Err() == nil {
-		conn, err := r.connectListener(ctx)
-		if err != nil {
-			pause = min(max(2*pause, 50*time.Millisecond), r.cfg.poll)
-			t := time.NewTimer(pause)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
-			continue
-		}
-		pause = 0
-		signal(wake)
-		r.listenOn(ctx, conn, wake)
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		conn.Close(closeCtx)
-		cancel()
-	}
-}
-
-// connectListener opens a connection and LISTENs on the table's channel.
-func (r *Relay) connectListener(ctx context.Context) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*listenerHealth)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, r.cfg.listener)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.Channel(r.cfg.table.Name())}.Sanitize()); err != nil {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn.Close(closeCtx)
-		return nil, err
-	}
-	return conn, nil
-}
-
-// listenOn passes the notifications of conn on to wake until conn fails,
-// stays silent through a ping, or ctx ends.
-func (r *Relay) listenOn(ctx context.Context, conn *pgx.Conn, wake chan<- struct{}) {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, listenerHealth)
-		_, err := conn.WaitForNotification(wctx)
-		silent := errors.Is(wctx.Err(), context.DeadlineExceeded)
-		cancel()
-		switch {
-		case err == nil:
-			signal(wake)
-			continue
-		case ctx.Err() != nil || !silent || conn.IsClosed():
-			return
-		}
-		pctx, cancel := context.WithTimeout(ctx, listenerHealth)
-		err = conn.Ping(pctx)
-		cancel()
-		if err != nil {
-			return
-		}
-	}
+	pglisten.Run(ctx, r.cfg.listener, outbox.Channel(r.cfg.table.Name()), listenerHealth, r.cfg.poll, pglisten.Events{
+		Listening: func(uint32) { signal(wake) },
+		Notified:  func(string) { signal(wake) },
+	})
 }

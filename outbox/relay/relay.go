@@ -3,8 +3,10 @@ package relay
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency/outbox"
@@ -49,7 +51,7 @@ func New(pool *pgxpool.Pool, sink outbox.Sink, opts ...Option) *Relay {
 	if cfg.listener == nil {
 		cfg.listener = pool.Config().ConnConfig.Copy()
 	}
-	return &Relay{pool: pool, sink: sink, cfg: cfg, sql: newStatements(cfg.table), random: jitter}
+	return &Relay{pool: pool, sink: sink, cfg: cfg, sql: newStatements(cfg.table), random: rand.Float64}
 }
 
 // Name returns the relay's name (WithName).
@@ -220,16 +222,11 @@ func (r *Relay) reclaim(ctx context.Context) error {
 		status, key, topic string
 		seq, attempts      int
 	}
-	var got []reclaimed
-	for rows.Next() {
-		var m reclaimed
-		if err := rows.Scan(&m.status, &m.key, &m.seq, &m.topic, &m.attempts); err != nil {
-			rows.Close()
-			return fmt.Errorf("relay: reclaim: %w", err)
-		}
-		got = append(got, m)
-	}
-	if err := rows.Err(); err != nil {
+	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (m reclaimed, err error) {
+		err = row.Scan(&m.status, &m.key, &m.seq, &m.topic, &m.attempts)
+		return m, err
+	})
+	if err != nil {
 		return fmt.Errorf("relay: reclaim: %w", err)
 	}
 	for _, m := range got {
