@@ -63,9 +63,7 @@ func checkCluster(ctx context.Context, cc *redis.ClusterClient) (Report, error) 
 		if port, ok := strings.CutPrefix(addr, ":"); ok { // a node that has not learnt its own address yet
 			addr = net.JoinHostPort(templateHost, port)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			opt := *template.Options()
 			opt.Addr, opt.NodeAddress = addr, addr
 			c := redis.NewClient(&opt)
@@ -79,7 +77,7 @@ func checkCluster(ctx context.Context, cc *redis.ClusterClient) (Report, error) 
 				return
 			}
 			nodes = append(nodes, n)
-		}()
+		})
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {

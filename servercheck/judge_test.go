@@ -129,3 +129,17 @@ func TestJudgeClockSpread(t *testing.T) {
 		t.Errorf("spread %+v, want OK", f)
 	}
 }
+
+// TestHostPort: a replica's master address is written as a dialable
+// address, with an IPv6 host in brackets.
+func TestHostPort(t *testing.T) {
+	for _, c := range []struct{ host, port, want string }{
+		{"10.0.0.7", "6379", "10.0.0.7:6379"},
+		{"::1", "6379", "[::1]:6379"},
+		{"", "6379", "?"},
+	} {
+		if got := hostPort(c.host, c.port); got != c.want {
+			t.Errorf("hostPort(%q, %q) = %q, want %q", c.host, c.port, got, c.want)
+		}
+	}
+}

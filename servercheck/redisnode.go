@@ -2,6 +2,7 @@ package servercheck
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 )
@@ -183,7 +184,7 @@ func hostPort(host, port string) string {
 	if host == "" {
 		return "?"
 	}
-	return host + ":" + port
+	return net.JoinHostPort(host, port)
 }
 
 func errString(err error) string {

@@ -96,19 +96,22 @@ type relayMetrics struct {
 
 func (m *relayMetrics) observe(ctx context.Context, e relay.Event) {
 	name := RelayKey.String(validText(e.Relay))
-	byRelay := metric.WithAttributeSet(attribute.NewSet(name))
+	// Each event builds only the attribute set it records with.
+	byRelay := func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(name))
+	}
 	byTopic := func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(name, DestinationKey.String(topicValue(m.topic, e.Topic))))
 	}
 	switch e.Kind {
 	case relay.EventLag:
-		m.lag.Record(ctx, max(e.Lag.Seconds(), 0), byRelay)
+		m.lag.Record(ctx, max(e.Lag.Seconds(), 0), byRelay())
 	case relay.EventClaimed:
-		m.claimed.Add(ctx, int64(max(e.Count, 0)), byRelay)
+		m.claimed.Add(ctx, int64(max(e.Count, 0)), byRelay())
 	case relay.EventPurged:
-		m.purged.Add(ctx, int64(max(e.Count, 0)), byRelay)
+		m.purged.Add(ctx, int64(max(e.Count, 0)), byRelay())
 	case relay.EventError:
-		m.errors.Add(ctx, 1, byRelay)
+		m.errors.Add(ctx, 1, byRelay())
 	case relay.EventPublished:
 		set := byTopic()
 		m.published.Add(ctx, 1, set)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -84,23 +85,22 @@ type sink struct {
 
 func (s *sink) Publish(ctx context.Context, e outbox.Envelope) (err error) {
 	ctx = s.propagator.Extract(ctx, headerCarrier(e.Headers))
-	name := e.Topic
-	attrs := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			OperationNameKey.String("publish"),
-			OperationTypeKey.String("send"),
-			DestinationKey.String(validText(e.Topic)),
-			MessageIDKey.String(validText(e.ID)),
-			MessageBodySizeKey.Int(len(e.Payload)),
-			AttemptKey.Int(e.Attempt),
-		),
-	}
+	name := validText(e.Topic) // the destination; the span's name unless a pattern is set
+	attrs := make([]attribute.KeyValue, 0, 7)
+	attrs = append(attrs,
+		OperationNameKey.String("publish"),
+		OperationTypeKey.String("send"),
+		DestinationKey.String(name),
+		MessageIDKey.String(validText(e.ID)),
+		MessageBodySizeKey.Int(len(e.Payload)),
+		AttemptKey.Int(e.Attempt),
+	)
 	if s.topic != nil {
 		name = topicValue(s.topic, e.Topic)
-		attrs = append(attrs, trace.WithAttributes(DestinationTemplateKey.String(name)))
+		attrs = append(attrs, DestinationTemplateKey.String(name))
 	}
-	ctx, span := s.tracer.Start(ctx, SpanPublishPrefix+validText(name), attrs...)
+	ctx, span := s.tracer.Start(ctx, SpanPublishPrefix+name,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	defer func() {
 		if v := recover(); v != nil {
 			end(span, fmt.Errorf("the sink panicked: %v", v))

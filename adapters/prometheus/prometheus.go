@@ -228,11 +228,7 @@ func Observer(reg prometheus.Registerer, opts ...Option) func(ctx context.Contex
 	if reg == nil {
 		panic("idemprom: Observer needs a Registerer (prometheus.DefaultRegisterer for the global one)")
 	}
-	cfg := config{buckets: DefaultBuckets}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	const subsystem = "idempotency"
+	cfg := newConfig(opts)
 	m := &metrics{
 		exemplar: cfg.exemplar,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -260,12 +256,30 @@ func Observer(reg prometheus.Registerer, opts ...Option) func(ctx context.Contex
 		}, []string{"route", "method"}),
 		byKey: map[string][]prometheus.Gauge{},
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.running.gauge, m.errors} {
+	register(reg, "Observer", m.requests, m.duration, m.running.gauge, m.errors)
+	return m.observe
+}
+
+// subsystem is the middle part of every metric's name.
+const subsystem = "idempotency"
+
+// newConfig applies opts over the defaults.
+func newConfig(opts []Option) config {
+	cfg := config{buckets: DefaultBuckets, ageBuckets: DefaultAgeBuckets}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// register registers cs with reg, panicking, in the name of the function
+// fn, when reg refuses one.
+func register(reg prometheus.Registerer, fn string, cs ...prometheus.Collector) {
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
-			panic(fmt.Sprintf("idemprom: Observer: %v", err))
+			panic(fmt.Sprintf("idemprom: %s: %v", fn, err))
 		}
 	}
-	return m.observe
 }
 
 type metrics struct {

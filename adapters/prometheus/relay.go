@@ -60,11 +60,7 @@ func RelayObserver(reg prometheus.Registerer, opts ...Option) func(ctx context.C
 	if reg == nil {
 		panic("idemprom: RelayObserver needs a Registerer (prometheus.DefaultRegisterer for the global one)")
 	}
-	cfg := config{buckets: DefaultBuckets, ageBuckets: DefaultAgeBuckets}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	const subsystem = "idempotency"
+	cfg := newConfig(opts)
 	byRelay := []string{"relay"}
 	byTopic := []string{"relay", "topic"}
 	counter := func(name, help string, labels []string) *prometheus.CounterVec {
@@ -101,11 +97,7 @@ func RelayObserver(reg prometheus.Registerer, opts ...Option) func(ctx context.C
 			Buckets:     cfg.ageBuckets,
 		}, byTopic),
 	}
-	for _, c := range []prometheus.Collector{m.lag, m.claimed, m.published, m.retried, m.dead, m.reclaimed, m.fenced, m.purged, m.errors, m.duration, m.age} {
-		if err := reg.Register(c); err != nil {
-			panic(fmt.Sprintf("idemprom: RelayObserver: %v", err))
-		}
-	}
+	register(reg, "RelayObserver", m.lag, m.claimed, m.published, m.retried, m.dead, m.reclaimed, m.fenced, m.purged, m.errors, m.duration, m.age)
 	return m.observe
 }
 

@@ -127,7 +127,6 @@ type outboxOptions struct {
 	dead, done  bool
 	older       time.Duration
 	batch       int
-	given       map[string]bool // the flags given
 	asJSON      bool
 	subcommand  string
 	ids         []string // as given, each once, valid
@@ -193,10 +192,10 @@ func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 	if !ok {
 		return usagef("unknown subcommand %q: want status, dead, requeue or purge", o.subcommand)
 	}
-	o.given = map[string]bool{}
+	set := map[string]bool{} // the flags given
 	var stray error
 	fs.Visit(func(f *flag.Flag) {
-		o.given[f.Name] = true
+		set[f.Name] = true
 		switch f.Name {
 		case "json", "postgres", "table", "timeout":
 			return
@@ -239,9 +238,9 @@ func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 		return usagef("name the messages: their IDs (<storage key>/<sequence>), or %s", bulkFlags)
 	case !o.bulk && o.topic != "":
 		return usagef("-topic goes with %s, not with message IDs", bulkFlags)
-	case o.subcommand == "purge" && !o.bulk && (o.given["older"] || o.given["batch"]):
+	case o.subcommand == "purge" && !o.bulk && (set["older"] || set["batch"]):
 		return usagef("-older and -batch go with -dead or -done, not with message IDs")
-	case o.subcommand == "purge" && o.bulk && !o.given["older"]:
+	case o.subcommand == "purge" && o.bulk && !set["older"]:
 		return usagef("purge %s needs -older D: only the messages that finished at least D ago (-older 0: all of them)", given)
 	case o.older < 0:
 		return usagef("-older %v is negative", o.older)
@@ -458,8 +457,8 @@ func (s *outboxStore) runDead(ctx context.Context, c *cli, cmd *command, o outbo
 		}
 		m.ID = outbox.ID(key, int(seq))
 		if m.FinishedAt != nil {
-			d := now.Sub(*m.FinishedAt).Milliseconds()
-			m.DeadForMS = &d
+			d := now.Sub(*m.FinishedAt)
+			m.DeadForMS = ms(&d)
 		}
 		dead = append(dead, m)
 	}
@@ -568,10 +567,9 @@ func (s *outboxStore) runChange(ctx context.Context, c *cli, cmd *command, o out
 		res.Action = "purged"
 	}
 	var err error
-	switch {
-	case o.subcommand == "purge" && o.bulk:
+	if o.subcommand == "purge" && o.bulk {
 		err = s.purge(ctx, o, res)
-	default:
+	} else {
 		err = s.change(ctx, c, o, res)
 	}
 	var ids errIDs

@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -116,7 +117,7 @@ func run(ctx context.Context, s settings, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("NATS at %s: %w", s.nats, err)
 	}
-	defer nc.Drain()
+	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -150,14 +151,21 @@ func run(ctx context.Context, s settings, logger *slog.Logger) error {
 	defer srv.Close()
 	logger.Info("payments-consumer started", "stream", s.stream, "consumer", s.durable, "ledger", "http://"+ln.Addr().String()+"/ledger")
 
-	errs := make(chan error, s.workers)
+	// The first worker to fail stops the others; run returns once all
+	// have, before its deferred closes of the store and the pool.
+	wctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var wg sync.WaitGroup
 	for range s.workers {
-		go func() { errs <- p.Consume(ctx, cons, jetstream.PullMaxMessages(8)) }()
+		wg.Go(func() {
+			if err := p.Consume(wctx, cons, jetstream.PullMaxMessages(8)); err != nil {
+				stop(err)
+			}
+		})
 	}
-	for range s.workers {
-		if err := <-errs; err != nil {
-			return err
-		}
+	wg.Wait()
+	if err := context.Cause(wctx); ctx.Err() == nil && err != nil {
+		return err
 	}
 	return nil
 }
