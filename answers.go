@@ -1,57 +1,106 @@
 package idempotency
 
 import (
-	"errors"
 	"net/http"
 	"time"
 )
 
-// answer is a response the middleware gives of its own, instead of the
-// handler's or a replay: its status, problem code, detail, Retry-After and
-// the event that reports it.
+// answer is what a client gets: the handler's response, a replay, or a
+// response the middleware gives of its own (a problem: its status, code,
+// detail and Retry-After).
 type answer struct {
 	status     int
 	code       Code
 	detail     string
 	retryAfter time.Duration
-	event      EventKind
+	send       send
 }
+
+// send says what an answer sends.
+type send uint8
+
+const (
+	sendProblem  send = iota // the answer's problem document
+	sendResponse             // the handler's response (sent already, unless held)
+	sendReplay               // the stored response (written by the replay)
+	sendNothing              // nothing: the client went away
+)
+
+// outcomeAnswers is the middleware's translation of the core's outcomes:
+// what the client gets for each. Every Outcome has a row.
+var outcomeAnswers = [outcomeEnd]answer{
+	OutcomeStored:           {send: sendResponse},
+	OutcomeOmitted:          {send: sendResponse},
+	OutcomeCommitted:        {send: sendResponse},
+	OutcomeUnrecorded:       {send: sendResponse},
+	OutcomeUnprotected:      {send: sendResponse},
+	OutcomeReleased:         {send: sendResponse},
+	OutcomeReplayed:         {send: sendReplay},
+	OutcomeReplayedOmitted:  {send: sendReplay},
+	OutcomeCanceled:         {send: sendNothing},
+	OutcomeInFlight:         answerInFlight,
+	OutcomeMismatch:         answerMismatch,
+	OutcomeLeaseLost:        answerLeaseLost,
+	OutcomeCommitUnknown:    answerOutcomeUnknown,
+	OutcomeTooLarge:         answerResponseTooLarge,
+	OutcomeStoreUnavailable: answerStoreUnavailable, // answerStoreSlow for a slow acquire
+	OutcomeStoreFull:        answerStoreFull,
+	OutcomeCorrupt:          answerRecordUnreadable,
+	OutcomeInvalid:          answerKeyInvalid, // the refusal's own answer (see refusal)
+}
+
+// refusal is the error of a request the middleware refused before the
+// store was asked (OutcomeInvalid): the answer it gets, and the error
+// behind it, if any.
+type refusal struct {
+	answer
+	err error
+}
+
+func (r *refusal) Error() string {
+	if r.err != nil {
+		return r.err.Error()
+	}
+	return "idempotency: " + string(r.code)
+}
+
+func (r *refusal) Unwrap() error { return r.err }
 
 // The middleware's own answers: every response it can give besides the
 // handler's and a replay. (A replay is the stored status, headers and body
 // with Idempotent-Replayed: true.)
 var (
 	answerKeyRequired = answer{http.StatusBadRequest, CodeKeyRequired,
-		"this request needs an Idempotency-Key header", 0, EventRejected}
+		"this request needs an Idempotency-Key header", 0, sendProblem}
 	answerKeyInvalid = answer{http.StatusBadRequest, CodeKeyInvalid,
-		"", 0, EventRejected} // the detail says what is wrong with the key
+		"", 0, sendProblem} // the detail says what is wrong with the key
 	answerScopeMissing = answer{http.StatusForbidden, CodeScopeMissing,
-		"this request has no authenticated principal to scope its Idempotency-Key to", 0, EventRejected}
+		"this request has no authenticated principal to scope its Idempotency-Key to", 0, sendProblem}
 	answerBodyUnreadable = answer{http.StatusBadRequest, CodeBodyUnreadable,
-		"the request body could not be read", 0, EventRejected}
+		"the request body could not be read", 0, sendProblem}
 	answerBodyTooLarge = answer{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
-		"", 0, EventRejected} // the detail names the limit
+		"", 0, sendProblem} // the detail names the limit
 	answerInFlight = answer{http.StatusConflict, CodeInFlight,
-		"a request with this Idempotency-Key is still being processed; retry later", conflictRetryAfter, EventConflict}
+		"a request with this Idempotency-Key is still being processed; retry later", conflictRetryAfter, sendProblem}
 	answerMismatch = answer{http.StatusUnprocessableEntity, CodeFingerprintMismatch,
-		"this Idempotency-Key was used with a different request (another route, or another payload)", 0, EventMismatch}
+		"this Idempotency-Key was used with a different request (another route, or another payload)", 0, sendProblem}
 	answerStoreFull = answer{http.StatusServiceUnavailable, CodeStoreFull,
-		"the idempotency store is full; retry later", time.Second, EventStoreError}
+		"the idempotency store is full; retry later", time.Second, sendProblem}
 	answerRecordUnreadable = answer{http.StatusInternalServerError, CodeRecordUnreadable,
-		"the response stored for this Idempotency-Key cannot be read", 0, EventStoreError}
+		"the response stored for this Idempotency-Key cannot be read", 0, sendProblem}
 	answerStoreSlow = answer{http.StatusServiceUnavailable, CodeStoreUnavailable,
-		"the idempotency store answered too slowly; retry later", time.Second, EventStoreError}
+		"the idempotency store answered too slowly; retry later", time.Second, sendProblem}
 	answerStoreUnavailable = answer{http.StatusServiceUnavailable, CodeStoreUnavailable,
-		"the idempotency store cannot be reached; retry later", time.Second, EventStoreError}
+		"the idempotency store cannot be reached; retry later", time.Second, sendProblem}
 
 	// Transactional routes (WithTransaction): nothing was committed, or the
 	// commit's outcome is unknown.
 	answerLeaseLost = answer{http.StatusServiceUnavailable, CodeLeaseLost,
-		"another request took this Idempotency-Key over; nothing was committed; retry later", time.Second, EventLeaseLost}
+		"another request took this Idempotency-Key over; nothing was committed; retry later", time.Second, sendProblem}
 	answerOutcomeUnknown = answer{http.StatusServiceUnavailable, CodeOutcomeUnknown,
-		"the outcome could not be confirmed; retry with the same Idempotency-Key: a retry replays the response if it was stored, or runs the request again if nothing was", time.Second, EventStoreError}
+		"the outcome could not be confirmed; retry with the same Idempotency-Key: a retry replays the response if it was stored, or runs the request again if nothing was", time.Second, sendProblem}
 	answerResponseTooLarge = answer{http.StatusInternalServerError, CodeResponseTooLarge,
-		"the response is too large to be stored; nothing was committed", 0, EventReleased}
+		"the response is too large to be stored; nothing was committed", 0, sendProblem}
 )
 
 // conflictRetryAfter is the Retry-After of a 409. The original usually ends
@@ -59,32 +108,15 @@ var (
 // clients are told to come back soon rather than when the lease runs out.
 const conflictRetryAfter = time.Second
 
-// storeErrorAnswer is the answer to a request whose record could not be
-// looked up because of err (with WithFailOpen, an unreachable or slow store
-// runs the handler instead: see request.acquireFailed).
-func storeErrorAnswer(err error) answer {
-	var slow *slowAcquireError
-	switch {
-	case errors.Is(err, ErrStoreFull):
-		return answerStoreFull
-	case errors.Is(err, ErrCorruptRecord):
-		return answerRecordUnreadable
-	case errors.As(err, &slow):
-		return answerStoreSlow
-	}
-	return answerStoreUnavailable
-}
-
 // with returns a copy of a with detail.
 func (a answer) with(detail string) answer {
 	a.detail = detail
 	return a
 }
 
-// give reports a (with err, if any) and writes it to the client as a
-// problem document through the error handler.
-func (rq *request) give(a answer, err error) {
-	rq.outcome(rq.event(a.event, a.status, err))
+// give writes a to the client as a problem document through the error
+// handler.
+func (rq *request) give(a answer) {
 	p := newProblem(rq.h.cfg.problemTypeBase, a.status, a.code, a.detail)
 	p.RetryAfter = a.retryAfter
 	if a.retryAfter > 0 {

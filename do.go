@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"net/http"
+	"math"
 	"time"
 )
 
@@ -21,17 +21,13 @@ type Runner struct {
 	cfg   config
 }
 
-// NewRunner returns a Runner keeping its records in store. The options
-// that apply to it are WithTTL, WithLease, WithWait, WithMaxResponseBody
-// (the cap of a stored result), WithFailOpen, WithTransaction,
-// WithObserver, WithLogger and WithCodec. NewRunner panics when store is
-// nil, and when an option of the middleware only (WithMethods,
-// WithKeyScope, WithFingerprint...) is given.
-func NewRunner(store Store, opts ...Option) *Runner {
-	cfg := newConfig("NewRunner", store, opts)
-	if len(cfg.httpOnly) > 0 {
-		panic("idempotency: NewRunner: " + cfg.httpOnly[0] + " applies to the middleware only")
-	}
+// NewRunner returns a Runner keeping its records in store. It takes the
+// CommonOptions (WithTTL, WithLease, WithWait, WithMaxResponseBody: the
+// cap of a stored result, WithMaxResponseHeader, WithFailOpen,
+// WithTransaction, WithObserver, WithLogger) and WithCodec. NewRunner
+// panics when store is nil.
+func NewRunner(store Store, opts ...RunnerOption) *Runner {
+	cfg := newConfig("NewRunner", store, opts, RunnerOption.applyRunner)
 	if cfg.codec == nil {
 		cfg.codec = JSON
 	}
@@ -58,7 +54,20 @@ type Call struct {
 	// call with the same key and another payload gets
 	// ErrFingerprintMismatch, and the record is left untouched.
 	Payload []byte
+	// Wait bounds how long this call waits for another call that holds its
+	// key, woken by the store when that call ends, and then replays its
+	// result or runs the function (wait mode, see WithWait); past it, the
+	// call gets an *InFlightError. WaitForHolder waits for as long as the
+	// call's context lasts: a consumer that waits so for the holder of a
+	// redelivered message's key keeps the message rather than spending
+	// one of its redeliveries.
+	// Default: 0, the Runner's WithWait.
+	Wait time.Duration
 }
+
+// WaitForHolder, as Call.Wait, waits for another call that holds the
+// key for as long as the call's context lasts.
+const WaitForHolder time.Duration = math.MaxInt64
 
 // check returns what makes c unusable, if anything.
 func (c Call) check() error {
@@ -69,6 +78,8 @@ func (c Call) check() error {
 		return fmt.Errorf("%w: empty key", ErrInvalidKey)
 	case len(c.Key) > MaxKeyLen:
 		return errKeyTooLong
+	case c.Wait < 0:
+		return fmt.Errorf("idempotency: Do: negative Wait %v", c.Wait)
 	}
 	return nil
 }
@@ -79,25 +90,34 @@ func (c Call) check() error {
 // a call of the operation name: so that such refusals are counted with the
 // calls Do answers.
 func (r *Runner) Reject(ctx context.Context, name string, err error) {
-	a := &attempt{cfg: &r.cfg, ctx: ctx, start: time.Now(), describe: func() (string, string) { return name, "" }}
-	a.outcome(a.event(EventRejected, 0, err))
+	rejected := newCall(ctx, r, Call{Name: name}, func(context.Context) (struct{}, error) { return struct{}{}, nil })
+	rejected.report(OutcomeInvalid, 0, err)
 }
 
 // Result is what Do returns.
 type Result[T any] struct {
-	// Value is the function's result: returned by it now, or decoded from
-	// the record when Replayed.
+	// Value is the function's result: returned by it now (when
+	// Outcome.Ran), or decoded from the record (OutcomeReplayed; for a
+	// *Response result, OutcomeReplayedOmitted too, with what survived).
 	Value T
+	// Outcome says how the call ended; its Class what its deliverer
+	// should do next. See Outcome for the table.
+	Outcome Outcome
 	// Replayed reports that Value is the stored result of an earlier call
-	// with the same key: the function did not run.
+	// with the same key: the function did not run (OutcomeReplayed).
 	Replayed bool
 	// Epoch is the attempt that ran the function now (1 for the first,
 	// +1 for each steal). It is non-zero exactly when the function ran in
 	// this call and its effects stand, even when Do also returns an error
-	// (its result could not be stored): 0 for a replay, for a function
-	// that returned an error, and on a transactional Runner for a call
-	// that committed nothing.
+	// (OutcomeUnrecorded: its result could not be stored): 0 for a replay,
+	// for a function that returned an error, and on a transactional Runner
+	// for a call that committed nothing.
 	Epoch uint64
+	// RetryAfter is, for an outcome of ClassRetry, when a retry with the
+	// same key may succeed: the time the holder's lease can still run for
+	// OutcomeInFlight, a second for an unreachable store or a lost lease;
+	// 0 when it depends on the function (OutcomeReleased) or the caller.
+	RetryAfter time.Duration
 }
 
 // Errors of Do. The errors of the store (ErrStoreFull, ErrCorruptRecord,
@@ -113,10 +133,6 @@ var (
 	// was not stored: over WithMaxResponseBody, over a store's bound, or
 	// not encodable. The function ran once; its value is unknown here.
 	ErrResultOmitted = errors.New("idempotency: result not stored")
-	// ErrResultTooLarge is returned on a transactional Runner when the
-	// encoded result is over WithMaxResponseBody: everything was rolled
-	// back and the key released.
-	ErrResultTooLarge = errors.New("idempotency: result too large to store")
 	// ErrOutcomeUnknown is returned on a transactional Runner when the
 	// commit's outcome is unknown: a retry with the same key replays the
 	// result if it was committed, or runs the function once more if
@@ -155,173 +171,127 @@ func callIdentity(name string, payload []byte) string {
 
 // Do runs fn once per (c.Scope, c.Key) among every call of r's store, and
 // returns its result: fn's own, or, for a duplicate, the stored result of
-// the call that ran, decoded, with Replayed set.
+// the call that ran, decoded, with Replayed set. Result.Outcome says how
+// the call ended (see Outcome), and the error, when there is one, why.
 //
 //   - fn runs under a lease, with a context that holds the call's Info
 //     (FromContext) and that is cancelled, with a cause wrapping
 //     ErrLeaseLost, before another call could take the record over.
-//   - A result fn returns is encoded (WithCodec; []byte as it is) and
-//     stored as the key's COMPLETE record. A result over
-//     WithMaxResponseBody is stored without its value: Do returns it, and
-//     duplicates get ErrResultOmitted. A result the Codec cannot encode is
-//     stored the same way, and Do returns it with an error wrapping
-//     ErrResultOmitted.
-//   - An error from fn releases the key, so that a retry runs fn again,
-//     and is returned as it is: there is no failed state. A result to keep
-//     (a declined card) is a value, not an error. A panic releases the key
-//     and is re-raised.
+//   - A result fn returns is encoded (WithCodec; a []byte as it is, a
+//     *Response as the response it is) and stored as the key's COMPLETE
+//     record: OutcomeStored (OutcomeCommitted on a transactional Runner).
+//     A result over WithMaxResponseBody is stored without its value
+//     (OutcomeOmitted): Do returns it, and duplicates get
+//     ErrResultOmitted. A result the Codec cannot encode is stored the
+//     same way, and Do returns it with an error wrapping ErrResultOmitted.
+//   - An error from fn releases the key (OutcomeReleased), so that a retry
+//     runs fn again, and is returned as it is: there is no failed state. A
+//     result to keep (a declined card) is a value, not an error. A panic
+//     releases the key and is re-raised.
 //   - A duplicate while the first call runs gets an *InFlightError
-//     (ErrInFlight) with the time left, or, with WithWait, waits up to
-//     the bound for the first call to end, woken by the store.
+//     (ErrInFlight, OutcomeInFlight) with the time left, or, with
+//     WithWait, waits up to the bound for the first call to end, woken by
+//     the store.
 //   - A call with the same key and another payload or Name gets
-//     ErrFingerprintMismatch.
+//     ErrFingerprintMismatch (OutcomeMismatch).
 //   - On a transactional Runner (WithTransaction), fn writes through
 //     Info.Tx, and its writes and the record commit together: when Do
-//     returns an error, nothing was committed (or, with ErrOutcomeUnknown,
-//     the outcome is unknown and a retry settles it).
+//     returns an error, nothing was committed (OutcomeLeaseLost), or, with
+//     ErrOutcomeUnknown (OutcomeCommitUnknown), the outcome is unknown and
+//     a retry settles it.
 //   - When the record cannot be stored after fn ran (the lease was lost:
 //     ErrLeaseLost; the store failed), Do returns fn's result with the
-//     error: fn's effects happened, but a duplicate may run fn again.
+//     error (OutcomeUnrecorded): fn's effects happened, but a duplicate
+//     may run fn again.
 //
 // An error from the store before fn ran is returned wrapped, and nothing
 // ran (with WithFailOpen, an unreachable store runs fn unprotected
-// instead). When ctx ends before the record is acquired, Do returns its
-// cause.
+// instead: OutcomeUnprotected). When ctx ends before the record is
+// acquired, Do returns its cause (OutcomeCanceled).
 func Do[T any](ctx context.Context, r *Runner, c Call, fn func(ctx context.Context) (T, error)) (Result[T], error) {
-	var zero Result[T]
-	a := &attempt{store: r.store, cfg: &r.cfg, ctx: ctx, start: time.Now(), key: c.Key,
-		describe: func() (string, string) { return c.Name, "" }}
+	run := newCall(ctx, r, c, fn)
 	if err := c.check(); err != nil {
-		a.outcome(a.event(EventRejected, 0, err))
-		return zero, err
+		run.refuse(err)
+		return run.res, run.err
 	}
-	a.claim = r.cfg.claim(c.Scope, c.Key, callIdentity(c.Name, c.Payload))
-	acq, err := a.acquire()
-	if err != nil {
-		if ctx.Err() != nil {
-			return zero, context.Cause(ctx)
-		}
-		return failed(a, err, fn)
+	run.claim = r.cfg.claim(c.Scope, c.Key, callIdentity(c.Name, c.Payload))
+	run.waitFor = r.cfg.wait
+	if c.Wait != 0 {
+		run.waitFor = c.Wait
 	}
-	switch acq.Outcome {
-	case Acquired, Stolen:
-		return execute(a, acq, fn)
-	case Completed:
-		res, err := replayed[T](r.cfg.codec, acq.Response)
-		a.outcome(a.event(EventReplayed, 0, err))
-		return res, err
-	case InFlight:
-		a.outcome(a.event(EventConflict, 0, nil))
-		return zero, &InFlightError{Remaining: acq.LeaseRemaining}
-	case Mismatch:
-		a.outcome(a.event(EventMismatch, 0, nil))
-		return zero, ErrFingerprintMismatch
-	}
-	return failed(a, fmt.Errorf("idempotency: store returned unknown outcome %v", acq.Outcome), fn)
+	run.do()
+	return run.res, run.err
 }
 
-// failed returns the error of a call whose record could not be looked up,
-// or, with WithFailOpen and a store that is unreachable or slow, runs fn
-// unprotected.
-func failed[T any](a *attempt, err error, fn func(ctx context.Context) (T, error)) (Result[T], error) {
-	e := a.event(EventStoreError, 0, err)
-	if a.cfg.failOpen && storeErrorAnswer(err).code == CodeStoreUnavailable {
-		e.FailedOpen = true
-		a.outcome(e)
-		v, err := fn(a.ctx)
-		return Result[T]{Value: v}, err
-	}
-	a.outcome(e)
-	return Result[T]{}, fmt.Errorf("idempotency: acquire: %w", err)
+// call is a call of Do: an attempt, and its caller.
+type call[T any] struct {
+	attempt
+	name  string
+	fn    func(ctx context.Context) (T, error)
+	res   Result[T] // Value: what fn returned, or the replayed result
+	fnErr error     // fn's error
+	err   error     // Do's error
 }
 
-// replayed decodes a stored result.
-func replayed[T any](codec Codec, resp *Response) (Result[T], error) {
-	var res Result[T]
-	switch {
-	case resp == nil:
-		return res, fmt.Errorf("%w: COMPLETE record without a payload", ErrCorruptRecord)
-	case resp.BodyOmitted || resp.HeaderOmitted:
-		return res, ErrResultOmitted
+// newCall returns the call of fn that c describes, on r: one allocation
+// for the attempt and its caller.
+func newCall[T any](ctx context.Context, r *Runner, c Call, fn func(ctx context.Context) (T, error)) *call[T] {
+	run := &call[T]{name: c.Name, fn: fn}
+	run.attempt = attempt{store: r.store, cfg: &r.cfg, caller: run, ctx: ctx, start: time.Now(), key: c.Key}
+	return run
+}
+
+// describe names the call's events: the route is its operation.
+func (c *call[T]) describe() (route, method string) { return c.name, "" }
+
+// work runs fn.
+func (c *call[T]) work(ctx context.Context) { c.res.Value, c.fnErr = c.fn(ctx) }
+
+// result returns the record of fn's result, or, when fn failed, nil and
+// its error.
+func (c *call[T]) result() (*Response, error) {
+	if c.fnErr != nil {
+		return nil, c.fnErr
 	}
-	if err := decode(codec, resp.Header.Get("Content-Type"), resp.Body, &res.Value); err != nil {
+	return record(c.cfg, c.res.Value)
+}
+
+// replay decodes a stored result into the call's Value: a record marked
+// omitted is ErrResultOmitted (a *Response result still gets what
+// survived), one that cannot be decoded ErrCorruptRecord.
+func (c *call[T]) replay(resp *Response) error {
+	omitted := resp.BodyOmitted || resp.HeaderOmitted
+	if _, response := any(c.res.Value).(*Response); omitted && !response {
+		return ErrResultOmitted
+	}
+	if err := decode(c.cfg.codec, resp, &c.res.Value); err != nil {
+		var zero T
+		c.res.Value = zero
 		if !errors.Is(err, ErrCorruptRecord) {
 			err = fmt.Errorf("%w: %w", ErrCorruptRecord, err)
 		}
-		return Result[T]{}, err
+		return err
 	}
-	res.Replayed = true
-	return res, nil
+	if omitted {
+		return ErrResultOmitted
+	}
+	return nil
 }
 
-// execute runs fn under the lease acq took and stores or releases its
-// outcome.
-func execute[T any](a *attempt, acq Acquisition, fn func(ctx context.Context) (T, error)) (Result[T], error) {
-	tx, err := a.begin(acq)
-	switch {
-	case errors.Is(err, errBegin):
-		a.outcome(a.event(EventStoreError, 0, err))
-		return Result[T]{}, err
-	case err != nil: // a slow acquire, released unused
-		return failed(a, err, fn)
-	}
-	var (
-		v     T
-		fnErr error
-	)
-	l, lost := a.run(acq.Epoch, tx, func(ctx context.Context) { v, fnErr = fn(ctx) })
-	if fnErr != nil {
-		a.discard(l, lost, tx, 0, nil)
-		return Result[T]{}, fnErr
-	}
-	resp, encErr := a.result(v)
-	if tx != nil {
-		return committed(a, l, lost, acq.Epoch, tx, v, resp, encErr)
-	}
-	res := Result[T]{Value: v, Epoch: acq.Epoch}
-	if err := a.save(l, lost, acq.Epoch, resp, 0); err != nil {
-		return res, fmt.Errorf("idempotency: the result was not stored: %w", err)
-	}
-	if encErr != nil {
-		return res, fmt.Errorf("%w: %w", ErrResultOmitted, encErr)
-	}
-	return res, nil
-}
-
-// committed ends a transactional call: it commits fn's writes with the
-// record holding resp, or rolls everything back and releases the key when
-// the result cannot be stored whole.
-func committed[T any](a *attempt, l *lease, lost error, epoch uint64, tx Tx, v T, resp *Response, encErr error) (Result[T], error) {
-	switch {
-	case encErr != nil:
-		a.discard(l, lost, tx, 0, nil)
-		return Result[T]{}, fmt.Errorf("idempotency: encode the result: %w", encErr)
-	case resp.BodyOmitted:
-		a.discard(l, lost, tx, 0, ErrResultTooLarge)
-		return Result[T]{}, ErrResultTooLarge
-	}
-	err := a.commit(l, lost, tx, resp)
-	switch {
-	case err == nil:
-		a.executed(0, epoch, lost)
-		return Result[T]{Value: v, Epoch: epoch}, nil
-	case errors.Is(err, ErrLeaseLost):
-		a.outcome(a.event(EventLeaseLost, 0, err))
-		return Result[T]{}, err
+// settle returns the ending as Do's result and error: fn's value when its
+// effects stand (or it ran unprotected), the decoded one for a replay.
+func (c *call[T]) settle(e ending) int {
+	c.res.Outcome, c.res.Epoch, c.res.RetryAfter = e.outcome, e.epoch, e.retryAfter
+	switch e.outcome {
+	case OutcomeStored, OutcomeOmitted, OutcomeCommitted, OutcomeUnrecorded, OutcomeUnprotected:
+		// Value is fn's.
+	case OutcomeReplayed:
+		c.res.Replayed = true
+	case OutcomeReplayedOmitted: // Value holds what survived of a *Response
 	default:
-		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-		a.outcome(a.event(EventStoreError, 0, err))
-		return Result[T]{}, err
+		var zero T
+		c.res.Value = zero
 	}
-}
-
-// result returns the stored form of v: its encoding in the body, marked
-// omitted when it is over the cap or could not be encoded (the error).
-func (a *attempt) result(v any) (*Response, error) {
-	body, ct, err := encode(a.cfg.codec, v)
-	resp := &Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {ct}}, Body: body}
-	if err != nil || len(body) > a.cfg.maxResponseBody {
-		resp.Body, resp.BodyOmitted = nil, true
-	}
-	return resp, err
+	c.err = e.err
+	return 0
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -301,7 +303,8 @@ func TestDoLeaseLost(t *testing.T) {
 
 // TestDoTransaction: on a TxStore, the function's writes and the record
 // commit together: a replay writes nothing, an error commits nothing, and
-// a result over the cap rolls everything back.
+// a result over the cap commits with the record marked omitted, so that a
+// retry never runs again.
 func TestDoTransaction(t *testing.T) {
 	ctx := context.Background()
 	l := newLedger(t)
@@ -327,11 +330,13 @@ func TestDoTransaction(t *testing.T) {
 	if _, err := idempotency.Do(ctx, r, call("e"), pay(2, errors.New("provider down"))); err == nil || l.count("e-0") != 0 {
 		t.Fatalf("an error committed %d rows (%v)", l.count("e-0"), err)
 	}
-	if _, err := idempotency.Do(ctx, r, call("big"), pay(100, nil)); !errors.Is(err, idempotency.ErrResultTooLarge) || l.count("big-0") != 0 {
-		t.Fatalf("a result over the cap: %v, %d rows", err, l.count("big-0"))
+	if res, err := idempotency.Do(ctx, r, call("big"), pay(100, nil)); err != nil || res.Outcome != idempotency.OutcomeOmitted ||
+		len(res.Value) != 100 || l.count("big-0") != 1 {
+		t.Fatalf("a result over the cap: %v %v, %d rows", res.Outcome, err, l.count("big-0"))
 	}
-	if res, err := idempotency.Do(ctx, r, call("big"), pay(3, nil)); err != nil || res.Replayed || l.count("big-0") != 1 {
-		t.Fatalf("after the roll-back, a retry runs once: %+v %v", res, err)
+	if res, err := idempotency.Do(ctx, r, call("big"), pay(3, nil)); !errors.Is(err, idempotency.ErrResultOmitted) ||
+		res.Outcome != idempotency.OutcomeReplayedOmitted || l.count("big-0") != 1 {
+		t.Fatalf("a retry of the omitted result: %v %v, %d rows; want a replay without the value", res.Outcome, err, l.count("big-0"))
 	}
 	l.commitFails.Store("after")
 	if _, err := idempotency.Do(ctx, r, call("u"), pay(1, nil)); !errors.Is(err, idempotency.ErrOutcomeUnknown) {
@@ -378,17 +383,54 @@ func TestDoEvents(t *testing.T) {
 	}
 }
 
-// TestRunnerOptions: options of the middleware only are refused by
-// NewRunner, WithCodec by New.
+// TestRunnerOptions: the compiler keeps each option to the constructors
+// it applies to: every option of the middleware only is an Option and no
+// RunnerOption, WithCodec the reverse, and the common ones both; the
+// values no type rules out panic.
 func TestRunnerOptions(t *testing.T) {
+	option := reflect.TypeFor[idempotency.Option]()
+	runnerOption := reflect.TypeFor[idempotency.RunnerOption]()
+	for _, c := range []struct {
+		name               string
+		opt                any
+		middleware, runner bool
+	}{
+		{"WithTTL", idempotency.WithTTL(time.Hour), true, true},
+		{"WithLease", idempotency.WithLease(time.Second), true, true},
+		{"WithWait", idempotency.WithWait(time.Second), true, true},
+		{"WithMaxResponseBody", idempotency.WithMaxResponseBody(1), true, true},
+		{"WithMaxResponseHeader", idempotency.WithMaxResponseHeader(1), true, true},
+		{"WithFailOpen", idempotency.WithFailOpen(true), true, true},
+		{"WithTransaction", idempotency.WithTransaction(true), true, true},
+		{"WithObserver", idempotency.WithObserver(func(context.Context, idempotency.Event) {}), true, true},
+		{"WithLogger", idempotency.WithLogger(nil), true, true},
+		{"WithCodec", idempotency.WithCodec(idempotency.JSON), false, true},
+		{"WithMethods", idempotency.WithMethods("POST"), true, false},
+		{"WithKeyRequired", idempotency.WithKeyRequired(true), true, false},
+		{"WithKeyScope", idempotency.WithKeyScope(userOf), true, false},
+		{"WithUnscopedKeys", idempotency.WithUnscopedKeys(true), true, false},
+		{"WithFingerprint", idempotency.WithFingerprint(idempotency.DefaultFingerprint), true, false},
+		{"WithMaxRequestBody", idempotency.WithMaxRequestBody(1), true, false},
+		{"WithStoredHeaders", idempotency.WithStoredHeaders("X"), true, false},
+		{"WithStoreSetCookie", idempotency.WithStoreSetCookie(true), true, false},
+		{"WithReleaseStatus", idempotency.WithReleaseStatus(func(int) bool { return false }), true, false},
+		{"WithProblemTypeBase", idempotency.WithProblemTypeBase("x"), true, false},
+		{"WithErrorHandler", idempotency.WithErrorHandler(idempotency.WriteProblem), true, false},
+		{"WithRoute", idempotency.WithRoute(func(*http.Request) string { return "" }), true, false},
+	} {
+		typ := reflect.TypeOf(c.opt)
+		if got := typ.Implements(option); got != c.middleware {
+			t.Errorf("%s (%v) is an Option: %v, want %v", c.name, typ, got, c.middleware)
+		}
+		if got := typ.Implements(runnerOption); got != c.runner {
+			t.Errorf("%s (%v) is a RunnerOption: %v, want %v", c.name, typ, got, c.runner)
+		}
+	}
 	for name, f := range map[string]func(){
-		"NewRunner(WithMethods)": func() { idempotency.NewRunner(newMemStore(t), idempotency.WithMethods("POST")) },
-		"NewRunner(WithKeyScope)": func() {
-			idempotency.NewRunner(newMemStore(t), idempotency.WithKeyScope(userOf))
-		},
-		"New(WithCodec)":     func() { idempotency.New(newMemStore(t), idempotency.WithCodec(idempotency.JSON)) },
-		"NewRunner(nil)":     func() { idempotency.NewRunner(nil) },
-		"NewRunner(tx, !Tx)": func() { idempotency.NewRunner(newMemStore(t), idempotency.WithTransaction(true)) },
+		"NewRunner(nil)":        func() { idempotency.NewRunner(nil) },
+		"NewRunner(tx, !Tx)":    func() { idempotency.NewRunner(newMemStore(t), idempotency.WithTransaction(true)) },
+		"NewRunner(nil option)": func() { idempotency.NewRunner(newMemStore(t), nil) },
+		"WithTTL(-1)":           func() { idempotency.WithTTL(-1) },
 	} {
 		func() {
 			defer func() {
@@ -398,5 +440,68 @@ func TestRunnerOptions(t *testing.T) {
 			}()
 			f()
 		}()
+	}
+}
+
+// TestDoWaitForHolder: a call with Wait set to WaitForHolder, on a Runner
+// without wait mode, waits for the holder of its key past several of its
+// leases (heartbeats keep them alive), woken by the store: it replays the
+// holder's result, or runs once the holder released the key; only its
+// context ends the wait.
+func TestDoWaitForHolder(t *testing.T) {
+	ctx := context.Background()
+	r := idempotency.NewRunner(newMemStore(t), idempotency.WithLease(60*time.Millisecond))
+	waiting := func(key string) idempotency.Call {
+		c := call(key)
+		c.Wait = idempotency.WaitForHolder
+		return c
+	}
+	for _, fail := range []bool{false, true} {
+		key := fmt.Sprint("hold-", fail)
+		started, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := idempotency.Do(ctx, r, call(key), func(context.Context) (receipt, error) {
+				close(started)
+				<-release
+				if fail {
+					return receipt{}, errors.New("provider down")
+				}
+				return receipt{ID: "holder"}, nil
+			})
+			done <- err
+		}()
+		<-started
+		time.AfterFunc(300*time.Millisecond, func() { close(release) }) // five leases
+		res, err := idempotency.Do(ctx, r, waiting(key), func(context.Context) (receipt, error) {
+			return receipt{ID: "waiter"}, nil
+		})
+		<-done
+		switch {
+		case !fail && (err != nil || res.Outcome != idempotency.OutcomeReplayed || res.Value.ID != "holder"):
+			t.Errorf("holder succeeded: the waiter got %v %+v %v, want the holder's replay", res.Outcome, res.Value, err)
+		case fail && (err != nil || res.Outcome != idempotency.OutcomeStored || res.Value.ID != "waiter"):
+			t.Errorf("holder failed: the waiter got %v %+v %v, want to run once the key was released", res.Outcome, res.Value, err)
+		}
+	}
+
+	started, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	go idempotency.Do(ctx, r, call("held"), func(context.Context) (receipt, error) {
+		close(started)
+		<-release
+		return receipt{}, nil
+	})
+	<-started
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	res, err := idempotency.Do(cctx, r, waiting("held"), func(context.Context) (receipt, error) { return receipt{}, nil })
+	if res.Outcome != idempotency.OutcomeCanceled || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the waiter's context ended: %v %v, want OutcomeCanceled", res.Outcome, err)
+	}
+	bad := waiting("k")
+	bad.Wait = -time.Second
+	if res, err := idempotency.Do(ctx, r, bad, func(context.Context) (receipt, error) { return receipt{}, nil }); res.Outcome != idempotency.OutcomeInvalid {
+		t.Errorf("a negative Wait: %v %v", res.Outcome, err)
 	}
 }

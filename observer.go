@@ -9,9 +9,11 @@ import (
 // EventKind says what happened to a request.
 type EventKind uint8
 
-// Event kinds. Every request the middleware covers reports exactly one
-// event with Final set, its outcome, last: Executed, Replayed, Conflict, Mismatch, Released,
-// Rejected, LeaseLost (its completion was refused) or StoreError. Started,
+// Event kinds. Every request the middleware covers, and every call of Do,
+// reports exactly one event with Final set, its outcome, last: Executed,
+// Replayed, Conflict, Mismatch, Released, Rejected, Canceled, LeaseLost
+// (its completion was refused) or StoreError (see Outcome for the finer
+// outcome a caller of Do gets). Started,
 // Stolen, and LeaseLost or StoreError for a lost lease, a failed extend or a
 // failed release, are reported before it (Final false), when they
 // happen.
@@ -41,9 +43,12 @@ const (
 	// EventStarted: the handler starts under the lease (reported in
 	// addition; the final event that follows has Ran set).
 	EventStarted
+	// EventCanceled: the request's context ended (the client went away)
+	// before the record was acquired; nothing ran.
+	EventCanceled
 )
 
-var eventNames = [...]string{"", "executed", "replayed", "conflict", "mismatch", "stolen", "released", "lease_lost", "store_error", "rejected", "started"}
+var eventNames = [...]string{"", "executed", "replayed", "conflict", "mismatch", "stolen", "released", "lease_lost", "store_error", "rejected", "started", "canceled"}
 
 // String returns the kind's lower-case name, suitable as a metric label.
 func (k EventKind) String() string {
@@ -51,6 +56,28 @@ func (k EventKind) String() string {
 		return eventNames[k]
 	}
 	return "unknown"
+}
+
+// eventKinds is the final event of each outcome.
+var eventKinds = [outcomeEnd]EventKind{
+	OutcomeStored:           EventExecuted,
+	OutcomeOmitted:          EventExecuted,
+	OutcomeCommitted:        EventExecuted,
+	OutcomeReplayed:         EventReplayed,
+	OutcomeReplayedOmitted:  EventReplayed,
+	OutcomeUnrecorded:       EventStoreError, // EventLeaseLost when the lease was lost
+	OutcomeUnprotected:      EventStoreError, // with FailedOpen
+	OutcomeReleased:         EventReleased,
+	OutcomeInFlight:         EventConflict,
+	OutcomeLeaseLost:        EventLeaseLost,
+	OutcomeCommitUnknown:    EventStoreError,
+	OutcomeStoreUnavailable: EventStoreError,
+	OutcomeStoreFull:        EventStoreError,
+	OutcomeCanceled:         EventCanceled,
+	OutcomeMismatch:         EventMismatch,
+	OutcomeCorrupt:          EventStoreError,
+	OutcomeTooLarge:         EventReleased,
+	OutcomeInvalid:          EventRejected,
 }
 
 // Event reports what happened to a request to the observer set with

@@ -9,8 +9,32 @@ import (
 	"time"
 )
 
-// Option configures the middleware returned by New.
-type Option func(*config)
+// Option configures the middleware New returns. The options of the
+// middleware only (WithMethods, WithKeyScope...) are Options; those of Do
+// only (WithCodec) are RunnerOptions; those of both (WithTTL, WithLease,
+// WithWait...) are CommonOptions, which are both: the compiler refuses an
+// option given to the constructor it does not apply to.
+type Option interface{ applyMiddleware(*config) }
+
+// RunnerOption configures the Runner NewRunner returns (see Option).
+type RunnerOption interface{ applyRunner(*config) }
+
+// CommonOption is an option of both the middleware and a Runner: it is an
+// Option and a RunnerOption.
+type CommonOption func(*config)
+
+func (o CommonOption) applyMiddleware(c *config) { o(c) }
+func (o CommonOption) applyRunner(c *config)     { o(c) }
+
+// middlewareOption is an option of the middleware only.
+type middlewareOption func(*config)
+
+func (o middlewareOption) applyMiddleware(c *config) { o(c) }
+
+// runnerOption is an option of a Runner only.
+type runnerOption func(*config)
+
+func (o runnerOption) applyRunner(c *config) { o(c) }
 
 type config struct {
 	ttl             time.Duration
@@ -34,10 +58,6 @@ type config struct {
 	logger          *slog.Logger
 	route           func(*http.Request) string
 	codec           Codec
-
-	// The options given that apply to the middleware only, or to Do only:
-	// the other constructor refuses them.
-	httpOnly, functionOnly []string
 }
 
 // Defaults of WithTTL and WithLease.
@@ -46,30 +66,24 @@ const (
 	DefaultLease = 10 * time.Second
 )
 
-// newConfig applies opts to the defaults for the constructor named ctor. It
-// panics when store is nil, and when a transactional route has a store
-// that is not a TxStore.
-func newConfig(ctor string, store Store, opts []Option) config {
+// newConfig applies opts, with apply, to the defaults for the constructor
+// named ctor. It panics when store is nil or an option is, and when a
+// transactional route has a store that is not a TxStore.
+func newConfig[O any](ctor string, store Store, opts []O, apply func(O, *config)) config {
 	if store == nil {
 		panic("idempotency: " + ctor + " needs a Store")
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		o(&cfg)
+		if any(o) == nil {
+			panic("idempotency: " + ctor + ": nil option")
+		}
+		apply(o, &cfg)
 	}
 	if _, ok := store.(TxStore); cfg.transaction && !ok {
 		panic("idempotency: WithTransaction needs a TxStore")
 	}
 	return cfg
-}
-
-// httpOption returns an option of the middleware only, named name: it sets
-// what set does, and Runner refuses it.
-func httpOption(name string, set func(*config)) Option {
-	return func(c *config) {
-		c.httpOnly = append(c.httpOnly, name)
-		set(c)
-	}
 }
 
 func defaultConfig() config {
@@ -90,7 +104,7 @@ func defaultConfig() config {
 // completion. It also bounds an abandoned IN_PROGRESS record, which is purged
 // once both its TTL and its lease have passed.
 // Default: 24h.
-func WithTTL(d time.Duration) Option {
+func WithTTL(d time.Duration) CommonOption {
 	if d <= 0 {
 		panic("idempotency: WithTTL needs a positive duration")
 	}
@@ -112,7 +126,7 @@ func WithTTL(d time.Duration) Option {
 // Choose a lease well above the store's round trip and the longest pause
 // you expect.
 // Default: 10s.
-func WithLease(d time.Duration) Option {
+func WithLease(d time.Duration) CommonOption {
 	if d < 3*time.Millisecond {
 		panic("idempotency: WithLease needs at least 3ms")
 	}
@@ -123,7 +137,7 @@ func WithLease(d time.Duration) Option {
 // runs waits up to d for it, then replays its response (or takes over when
 // the original released the key). Past d it gets 409 as without wait mode.
 // Default: 0 (off: answer 409 at once).
-func WithWait(d time.Duration) Option {
+func WithWait(d time.Duration) CommonOption {
 	if d < 0 {
 		panic("idempotency: WithWait needs a non-negative duration")
 	}
@@ -138,14 +152,14 @@ func WithMethods(methods ...string) Option {
 		panic("idempotency: WithMethods needs at least one method")
 	}
 	m := append([]string(nil), methods...)
-	return httpOption("WithMethods", func(c *config) { c.methods = m })
+	return middlewareOption(func(c *config) { c.methods = m })
 }
 
 // WithKeyRequired makes the key mandatory on covered methods: a request
 // without one gets 400 (code key_required).
 // Default: false (a request without a key passes through unprotected).
 func WithKeyRequired(required bool) Option {
-	return httpOption("WithKeyRequired", func(c *config) { c.keyRequired = required })
+	return middlewareOption(func(c *config) { c.keyRequired = required })
 }
 
 // WithKeyScope maps a request to the principal that owns its keys (a user or
@@ -165,7 +179,7 @@ func WithKeyScope(scope func(*http.Request) string) Option {
 	if scope == nil {
 		panic("idempotency: WithKeyScope needs a function")
 	}
-	return httpOption("WithKeyScope", func(c *config) { c.keyScope = scope })
+	return middlewareOption(func(c *config) { c.keyScope = scope })
 }
 
 // WithUnscopedKeys lets keyed requests for which the WithKeyScope function
@@ -174,7 +188,7 @@ func WithKeyScope(scope func(*http.Request) string) Option {
 // response stored under it. Keys of principals never meet it.
 // Default: false (such a request gets 403 scope_missing).
 func WithUnscopedKeys(allow bool) Option {
-	return httpOption("WithUnscopedKeys", func(c *config) { c.unscopedKeys = allow })
+	return middlewareOption(func(c *config) { c.unscopedKeys = allow })
 }
 
 // WithFingerprint replaces the function that identifies a request's
@@ -188,7 +202,7 @@ func WithFingerprint(f FingerprintFunc) Option {
 	if f == nil {
 		panic("idempotency: WithFingerprint needs a function")
 	}
-	return httpOption("WithFingerprint", func(c *config) { c.fingerprint = f })
+	return middlewareOption(func(c *config) { c.fingerprint = f })
 }
 
 // WithMaxRequestBody caps the request body the middleware reads to
@@ -198,7 +212,7 @@ func WithMaxRequestBody(n int64) Option {
 	if n < 0 {
 		panic("idempotency: WithMaxRequestBody needs a non-negative size")
 	}
-	return httpOption("WithMaxRequestBody", func(c *config) { c.maxRequestBody = n })
+	return middlewareOption(func(c *config) { c.maxRequestBody = n })
 }
 
 // WithMaxResponseBody caps the response body that is stored. A larger
@@ -208,8 +222,11 @@ func WithMaxRequestBody(n int64) Option {
 // The same happens to a body that is not known to be whole because the
 // first client hung up (or the server's WriteTimeout passed) while the
 // handler wrote it, unless the handler wrote all of its Content-Length.
+// For Do it caps the encoded result (the body of a *Response result): a
+// larger one is stored marked omitted (OutcomeOmitted), and duplicates get
+// ErrResultOmitted.
 // Default: 1 MiB.
-func WithMaxResponseBody(n int64) Option {
+func WithMaxResponseBody(n int64) CommonOption {
 	if n < 0 || n > math.MaxInt32 {
 		panic("idempotency: WithMaxResponseBody needs a size from 0 to 2 GiB")
 	}
@@ -225,13 +242,14 @@ func WithMaxResponseBody(n int64) Option {
 // Idempotent-Body-Omitted: true. The handler never runs twice. On a
 // transactional route such a response rolls everything back, as a body
 // over WithMaxResponseBody does. A stored response is thus at most
-// WithMaxResponseHeader plus WithMaxResponseBody bytes.
+// WithMaxResponseHeader plus WithMaxResponseBody bytes. For Do it caps the
+// headers of a *Response result the same way.
 // Default: 64 KiB.
-func WithMaxResponseHeader(n int64) Option {
+func WithMaxResponseHeader(n int64) CommonOption {
 	if n < 0 || n > math.MaxInt32 {
 		panic("idempotency: WithMaxResponseHeader needs a size from 0 to 2 GiB")
 	}
-	return httpOption("WithMaxResponseHeader", func(c *config) { c.maxHeader = int(n) })
+	return func(c *config) { c.maxHeader = int(n) }
 }
 
 // WithStoredHeaders restricts the response headers that are stored, and so
@@ -252,14 +270,14 @@ func WithStoredHeaders(names ...string) Option {
 		}
 		only[textproto.CanonicalMIMEHeaderKey(n)] = true
 	}
-	return httpOption("WithStoredHeaders", func(c *config) { c.headers.only = only })
+	return middlewareOption(func(c *config) { c.headers.only = only })
 }
 
 // WithStoreSetCookie stores Set-Cookie headers with the response, so that
 // replays send them too. Only turn it on for keys scoped to one principal.
 // Default: false.
 func WithStoreSetCookie(store bool) Option {
-	return httpOption("WithStoreSetCookie", func(c *config) { c.headers.setCookie = store })
+	return middlewareOption(func(c *config) { c.headers.setCookie = store })
 }
 
 // WithReleaseStatus sets which response statuses release the key instead of
@@ -269,14 +287,14 @@ func WithReleaseStatus(release func(status int) bool) Option {
 	if release == nil {
 		panic("idempotency: WithReleaseStatus needs a function")
 	}
-	return httpOption("WithReleaseStatus", func(c *config) { c.releaseStatus = release })
+	return middlewareOption(func(c *config) { c.releaseStatus = release })
 }
 
 // WithFailOpen sets what happens when the store cannot be reached at
 // acquire: fail closed answers 503 with Retry-After; fail open runs the
 // handler unprotected and reports an EventStoreError with FailedOpen set.
 // Default: false (fail closed).
-func WithFailOpen(open bool) Option {
+func WithFailOpen(open bool) CommonOption {
 	return func(c *config) { c.failOpen = open }
 }
 
@@ -291,7 +309,7 @@ func WithFailOpen(open bool) Option {
 // commit of unknown outcome answer 503 (lease_lost, outcome_unknown), and
 // a retry with the same key then replays or runs once more, never twice.
 // Default: false.
-func WithTransaction(on bool) Option {
+func WithTransaction(on bool) CommonOption {
 	return func(c *config) { c.transaction = on }
 }
 
@@ -305,7 +323,7 @@ func WithProblemTypeBase(base string) Option {
 	if base == "" {
 		panic("idempotency: WithProblemTypeBase needs a URL")
 	}
-	return httpOption("WithProblemTypeBase", func(c *config) { c.problemTypeBase = base })
+	return middlewareOption(func(c *config) { c.problemTypeBase = base })
 }
 
 // WithErrorHandler replaces the function that writes problem responses.
@@ -314,7 +332,7 @@ func WithErrorHandler(h ErrorHandler) Option {
 	if h == nil {
 		panic("idempotency: WithErrorHandler needs a function")
 	}
-	return httpOption("WithErrorHandler", func(c *config) { c.errorHandler = h })
+	return middlewareOption(func(c *config) { c.errorHandler = h })
 }
 
 // WithObserver sets a function called with every Event (see EventKind) and
@@ -322,7 +340,7 @@ func WithErrorHandler(h ErrorHandler) Option {
 // spans). It runs on the request's goroutine, never on the heartbeat's, and
 // must be fast and safe for concurrent use.
 // Default: none.
-func WithObserver(observe func(ctx context.Context, e Event)) Option {
+func WithObserver(observe func(ctx context.Context, e Event)) CommonOption {
 	if observe == nil {
 		panic("idempotency: WithObserver needs a function")
 	}
@@ -332,7 +350,7 @@ func WithObserver(observe func(ctx context.Context, e Event)) Option {
 // WithLogger logs store errors, lost leases and released keys. Log records
 // carry the storage key (a hash), never the client's key or any body.
 // Default: none (nothing is logged).
-func WithLogger(l *slog.Logger) Option {
+func WithLogger(l *slog.Logger) CommonOption {
 	return func(c *config) { c.logger = l }
 }
 
@@ -350,5 +368,5 @@ func WithRoute(route func(*http.Request) string) Option {
 	if route == nil {
 		panic("idempotency: WithRoute needs a function")
 	}
-	return httpOption("WithRoute", func(c *config) { c.route = route })
+	return middlewareOption(func(c *config) { c.route = route })
 }

@@ -55,6 +55,7 @@ type recorder struct {
 	failed      bool // a write or flush to the client failed while the handler ran
 	hijacked    bool
 	tooLarge    bool // whole: the response went over the cap
+	finished    bool // finish ran
 }
 
 // Errors a handler's writes get on a transactional route (see
@@ -254,10 +255,12 @@ func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 // wrote nothing sent 200 with the headers it had set; trailers set after the
 // status are passed on; what is held is sent, and everything is flushed, so
 // the client has the response before the middleware writes the store.
+// Later calls do nothing.
 func (rec *recorder) finish() {
-	if rec.hijacked {
+	if rec.hijacked || rec.finished {
 		return
 	}
+	rec.finished = true
 	if !rec.wroteHeader {
 		rec.WriteHeader(http.StatusOK)
 	}

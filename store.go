@@ -41,7 +41,7 @@ import (
 type Store interface {
 	// Acquire looks up the record at req.Key and, when the caller may run the
 	// handler, takes a lease on it with req.Token. It reports one of the
-	// Outcome values in Acquisition.Outcome. A record whose fingerprint
+	// AcquireOutcome values in Acquisition.Outcome. A record whose fingerprint
 	// differs from req.Fingerprint is reported as Mismatch and left untouched,
 	// whatever its state. Acquire with the token that already holds an
 	// IN_PROGRESS record reports Acquired (or Stolen) again, with the same
@@ -151,13 +151,14 @@ type AcquireRequest struct {
 	WantExpiresIn bool
 }
 
-// Outcome is what Store.Acquire found.
-type Outcome uint8
+// AcquireOutcome is what Store.Acquire found. (Outcome is how a whole
+// attempt ended.)
+type AcquireOutcome uint8
 
 const (
 	// Acquired: there was no record (or only a COMPLETE one past its TTL);
 	// the caller now holds a fresh lease and runs the handler.
-	Acquired Outcome = iota + 1
+	Acquired AcquireOutcome = iota + 1
 	// Stolen: the record was IN_PROGRESS with an expired lease; the caller
 	// took it over atomically (Epoch incremented) and runs the handler.
 	Stolen
@@ -173,19 +174,19 @@ const (
 	Mismatch
 )
 
-var outcomeNames = [...]string{"", "acquired", "stolen", "completed", "in_flight", "mismatch"}
+var acquireOutcomeNames = [...]string{"", "acquired", "stolen", "completed", "in_flight", "mismatch"}
 
 // String returns the outcome's lower-case name.
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) && o != 0 {
-		return outcomeNames[o]
+func (o AcquireOutcome) String() string {
+	if int(o) < len(acquireOutcomeNames) && o != 0 {
+		return acquireOutcomeNames[o]
 	}
-	return "outcome(" + strconv.Itoa(int(o)) + ")"
+	return "acquire_outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
 // Acquisition is the result of Store.Acquire.
 type Acquisition struct {
-	Outcome Outcome
+	Outcome AcquireOutcome
 	// Epoch counts the attempts on the record: 1 for the first lease, +1 for
 	// each steal. Reported for Acquired, Stolen and InFlight.
 	Epoch uint64

@@ -16,9 +16,12 @@ const minRecheck = 25 * time.Millisecond
 // bounded by the wait bound, so a store that stops answering (a frozen
 // node holding the subscription) cannot hold the waiter past it. It
 // returns the last acquisition, which is still InFlight when the wait bound
-// passed.
+// passed; with WaitForHolder, only the caller's context ends the wait.
 func (a *attempt) wait(acq Acquisition) (Acquisition, error) {
-	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.wait)
+	ctx, cancel := context.WithCancel(a.ctx)
+	if a.waitFor < WaitForHolder {
+		ctx, cancel = context.WithTimeout(a.ctx, a.waitFor)
+	}
 	defer cancel()
 	recheck := time.NewTimer(max(acq.LeaseRemaining, minRecheck))
 	defer recheck.Stop()

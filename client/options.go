@@ -105,9 +105,10 @@ func WithMaxElapsed(d time.Duration) Option {
 // redirect and means nothing to the GET: RoundTrip removes it and sends the
 // GET. Hosts are compared as host:port, case-insensitively, with the scheme's
 // default port filled in, so http://api.example.com and
-// https://api.example.com are different hosts. Redirects to the same host keep
-// the key, and a key the Transport made is never carried by a redirect (see
-// Transport). With allow true, the key goes wherever http.Client sends it.
+// https://api.example.com are different hosts. Redirects to the same host
+// carry a key derived from the caller's and the redirect's target (see
+// Transport), and a key the Transport made is never carried by a redirect.
+// With allow true, the derived key goes wherever http.Client sends it.
 //
 // Default: false.
 func WithCrossHostKey(allow bool) Option {

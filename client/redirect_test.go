@@ -3,16 +3,70 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/memstore"
 )
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestRedirectThroughMiddleware: a POST with the caller's key to a route
+// that answers 307 or 308 to another route of the same host, both behind
+// the middleware, goes through once; the whole call repeated with the same
+// key replays every hop, and the target's handler still ran once.
+func TestRedirectThroughMiddleware(t *testing.T) {
+	for _, status := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		store := memstore.New()
+		t.Cleanup(func() { store.Close() })
+		var charges atomic.Int64
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /v1/charges", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/v2/charges", status)
+		})
+		mux.HandleFunc("POST /v2/charges", func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, "charge %d for %s", charges.Add(1), body)
+		})
+		srv := httptest.NewServer(idempotency.New(store, idempotency.WithUnscopedKeys(true))(mux))
+		t.Cleanup(srv.Close)
+
+		for i := range 3 {
+			resp, err := do(t, context.Background(), srv.URL+"/v1/charges", "order-42")
+			if err != nil {
+				t.Fatalf("%d, call %d: %v", status, i+1, err)
+			}
+			body := readBody(t, resp)
+			if resp.StatusCode != http.StatusCreated || body != "charge 1 for pay 10 EUR" {
+				t.Fatalf("%d, call %d: %d %q, want 201 and the first charge", status, i+1, resp.StatusCode, body)
+			}
+			if replayed := Replayed(resp); replayed != (i > 0) {
+				t.Errorf("%d, call %d: replayed %v", status, i+1, replayed)
+			}
+		}
+		if n := charges.Load(); n != 1 {
+			t.Errorf("%d: the target ran %d times, want 1", status, n)
+		}
+	}
+}
 
 // hit is one request as a keyServer received it.
 type hit struct {
@@ -139,15 +193,19 @@ func TestRedirectCrossHostWithCrossHostKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	readBody(t, resp)
-	if resp.StatusCode != http.StatusCreated || Key(resp) != "order-42" || Attempts(resp) != 1 {
-		t.Errorf("got %d with key %q after %d attempts, want 201 with the caller's key after 1", resp.StatusCode, Key(resp), Attempts(resp))
+	derived := redirectedKey("order-42", http.MethodPost, mustURL(t, b.srv.URL+"/pay"))
+	if resp.StatusCode != http.StatusCreated || Key(resp) != derived || Attempts(resp) != 1 {
+		t.Errorf("got %d with key %q after %d attempts, want 201 with the key derived from the caller's after 1", resp.StatusCode, Key(resp), Attempts(resp))
 	}
-	if got := b.requests(); len(got) != 1 || got[0] != (hit{http.MethodPost, "/pay", "order-42", "pay 10 EUR"}) {
-		t.Errorf("other host got %+v, want the POST with the key and its body", got)
+	if got := b.requests(); len(got) != 1 || got[0] != (hit{http.MethodPost, "/pay", derived, "pay 10 EUR"}) {
+		t.Errorf("other host got %+v, want the POST with the derived key and its body", got)
 	}
 }
 
-func TestRedirectSameHostKeepsCallerKey(t *testing.T) {
+// TestRedirectSameHostDerivesKey: each hop of a redirect chain on the first
+// request's host carries a key of its own, derived from the caller's and
+// the hop's target.
+func TestRedirectSameHostDerivesKey(t *testing.T) {
 	a := newKeyServer(t)
 	a.redirect("/pay", http.StatusTemporaryRedirect, "/v2/pay")
 	a.redirect("/v2/pay", http.StatusPermanentRedirect, a.srv.URL+"/v3/pay")
@@ -161,12 +219,18 @@ func TestRedirectSameHostKeepsCallerKey(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("server got %d requests, want 3: %+v", len(got), got)
 	}
+	keys := []string{"order-42",
+		redirectedKey("order-42", http.MethodPost, mustURL(t, a.srv.URL+"/v2/pay")),
+		redirectedKey("order-42", http.MethodPost, mustURL(t, a.srv.URL+"/v3/pay"))}
 	for i, h := range got {
-		if h.method != http.MethodPost || h.key != "order-42" || h.body != "pay 10 EUR" {
-			t.Errorf("request %d = %+v, want the POST with the caller's key", i+1, h)
+		if h.method != http.MethodPost || h.key != keys[i] || h.body != "pay 10 EUR" {
+			t.Errorf("request %d = %+v, want the POST with key %q", i+1, h, keys[i])
+		}
+		if _, err := idempotency.ParseKey(h.key); err != nil {
+			t.Errorf("request %d: key %q is not a valid key: %v", i+1, h.key, err)
 		}
 	}
-	if resp.StatusCode != http.StatusCreated || Key(resp) != "order-42" {
+	if resp.StatusCode != http.StatusCreated || Key(resp) != keys[2] {
 		t.Errorf("got %d with key %q", resp.StatusCode, Key(resp))
 	}
 }
@@ -218,7 +282,8 @@ func TestRedirectToGetDropsCallerKeyOnOtherHost(t *testing.T) {
 		if got := b.requests(); len(got) != 1 || got[0] != (hit{http.MethodGet, "/receipt", "", ""}) {
 			t.Errorf("%d: other host got %+v, want a GET without the key", status, got)
 		}
-		want := []hit{{http.MethodPost, "/pay", "order-42", "pay 10 EUR"}, {http.MethodGet, "/receipt", "order-42", ""}}
+		want := []hit{{http.MethodPost, "/pay", "order-42", "pay 10 EUR"},
+			{http.MethodGet, "/receipt", redirectedKey("order-42", http.MethodGet, mustURL(t, a.srv.URL+"/receipt")), ""}}
 		if got := a.requests(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 			t.Errorf("%d: first host got %+v, want %+v", status, got, want)
 		}
@@ -232,8 +297,8 @@ func TestRedirectToGetDropsCallerKeyOnOtherHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	readBody(t, resp)
-	if got := b.requests(); len(got) != 1 || got[0].key != "order-42" {
-		t.Errorf("WithCrossHostKey(true): other host got %+v, want the key", got)
+	if got := b.requests(); len(got) != 1 || got[0].key != redirectedKey("order-42", http.MethodGet, mustURL(t, b.srv.URL+"/receipt")) {
+		t.Errorf("WithCrossHostKey(true): other host got %+v, want the key derived from the caller's", got)
 	}
 }
 

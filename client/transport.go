@@ -45,8 +45,13 @@ const drainLimit = 64 << 10
 // request's headers. A key the Transport made is set on its own copy, so it
 // is never carried: a redirected request that is covered gets a fresh key of
 // its own, and the first key never reaches the redirect's target. The caller's
-// key is carried, and kept on a redirect to the first request's host. On a
-// redirect to another host (host:port, compared case-insensitively, with the
+// key is carried: on a redirect to the first request's host, as a key derived
+// from it and the redirect's target (the server stored the redirect under the
+// caller's key, for the route the caller addressed; the target is another
+// route, which that key would name twice and which would refuse it as a
+// mismatch), the same on every retry of the whole call, so that the target
+// runs once and a retried call replays every hop. On a redirect to another
+// host (host:port, compared case-insensitively, with the
 // scheme's default port), RoundTrip does not send it unless
 // WithCrossHostKey(true) allows it, since on a server that does not scope keys
 // to the caller whoever presents a key may read its stored response: when the

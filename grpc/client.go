@@ -3,13 +3,19 @@ package idemgrpc
 import (
 	"context"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 )
 
 // UnaryClientInterceptor returns an interceptor that gives each unary call
@@ -22,6 +28,14 @@ import (
 //     it, carries the same key, so the server runs the handler once and
 //     replays its outcome to the others; a key the caller set
 //     (metadata.AppendToOutgoingContext) is kept;
+//   - the request is marshalled once, deterministically, and every attempt
+//     sends those same bytes, so that a retry is the same request to the
+//     server, never refused as another one under its key: Go writes the
+//     entries of a map in random order, and a server keeps the fields it
+//     does not know (those of a newer schema) in the order they came. A
+//     call whose options choose a codec or a content-subtype
+//     (grpc.ForceCodec, grpc.ForceCodecV2, grpc.CallContentSubtype) is
+//     marshalled by that codec on each attempt instead;
 //   - a call that fails with a code of WithRetryCodes (Unavailable) is
 //     retried, unless the failure is a replay (idempotent-replayed: true),
 //     which is the call's stored outcome;
@@ -38,11 +52,9 @@ import (
 // honour them, such as one using UnaryServerInterceptor: a server that
 // ignores the key runs every attempt. A key in the request message
 // (AIP-155's request_id) is the caller's to set, once per logical call.
-//
-// UnaryClientInterceptor panics on an option of the server interceptor.
-func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
+func UnaryClientInterceptor(opts ...ClientOption) grpc.UnaryClientInterceptor {
 	c := &retrier{
-		cfg:    newConfig("UnaryClientInterceptor", false, opts),
+		cfg:    newConfig("UnaryClientInterceptor", opts, ClientOption.applyClient),
 		now:    time.Now,
 		sleep:  sleep,
 		jitter: fullJitter,
@@ -67,6 +79,9 @@ func (c *retrier) intercept(ctx context.Context, method string, req, reply any, 
 	}
 	var header metadata.MD
 	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header))
+	if codec := encodeOnce(req, opts); codec != nil {
+		opts = append(opts, grpc.ForceCodecV2(codec))
+	}
 	start := c.now()
 	for attempt := 1; ; attempt++ {
 		header = nil
@@ -87,6 +102,58 @@ func (c *retrier) intercept(ctx context.Context, method string, req, reply any, 
 			return status.FromContextError(err).Err()
 		}
 	}
+}
+
+// encodedCodec is the codec of a call whose request the client
+// interceptor marshalled once: it gives every attempt those bytes, and
+// leaves everything else (the response) to gRPC's proto codec, whose name
+// it has.
+type encodedCodec struct {
+	encoding.CodecV2
+	req  any
+	data []byte
+}
+
+func (c *encodedCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if v == c.req {
+		// A SliceBuffer is never recycled: each attempt can send it.
+		return mem.BufferSlice{mem.SliceBuffer(c.data)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
+// encodeOnce returns the codec that sends req as it is marshalled now, or
+// nil to leave the call to its own codec: the call's options choose one
+// (or a content-subtype, which selects one), req is not a protocol buffer
+// message gRPC's proto codec would marshal, or it cannot be marshalled (the
+// call then fails as it would have).
+func encodeOnce(req any, opts []grpc.CallOption) encoding.CodecV2 {
+	for _, o := range opts {
+		switch o.(type) {
+		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption:
+			return nil
+		}
+	}
+	var m proto.Message
+	switch v := req.(type) {
+	case proto.Message:
+		m = v
+	case protoadapt.MessageV1:
+		m = protoadapt.MessageV2Of(v)
+	default:
+		return nil
+	}
+	// The codec recognizes the request by ==, which panics on a type that
+	// is not comparable; messages are pointers, but nothing requires it.
+	if !reflect.TypeOf(req).Comparable() {
+		return nil
+	}
+	codec := encoding.GetCodecV2(grpcproto.Name)
+	data, err := deterministic.Marshal(m)
+	if codec == nil || err != nil {
+		return nil
+	}
+	return &encodedCodec{CodecV2: codec, req: req, data: data}
 }
 
 // retryDelay returns the google.rpc.RetryInfo delay of err, or 0.

@@ -2,13 +2,23 @@ package idemgrpc_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/go-idempotency/idempotency"
@@ -133,5 +143,127 @@ func TestClientNoRetry(t *testing.T) {
 	// replay that comes back is final.
 	if res := charge(context.Background(), conn, chargeRequest(2)); status.Code(res.err) != codes.Unavailable || !res.replayed() || len(log.attempts()) != 3 {
 		t.Fatalf("%v, replayed %v, after %d attempts in all; want the replay, final, at the second", res.err, res.replayed(), len(log.attempts()))
+	}
+}
+
+// newerChargeRequest returns the type of a Charge request from a schema
+// version ahead of the server's, as a client built during a rolling deploy
+// has it: structpb.Struct's field 1 (fields), and a map<string, string>
+// field 2 (labels) that the server's type does not know. It is built with
+// descriptorpb, as protoc would have generated it.
+func newerChargeRequest(t testing.TB) protoreflect.MessageDescriptor {
+	t.Helper()
+	entry := func(name string, value *descriptorpb.FieldDescriptorProto) *descriptorpb.DescriptorProto {
+		value.Name, value.Number, value.Label = proto.String("value"), proto.Int32(2), descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum()
+		return &descriptorpb.DescriptorProto{
+			Name: proto.String(name),
+			Field: []*descriptorpb.FieldDescriptorProto{{
+				Name: proto.String("key"), Number: proto.Int32(1),
+				Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(),
+			}, value},
+			Options: &descriptorpb.MessageOptions{MapEntry: proto.Bool(true)},
+		}
+	}
+	mapField := func(name string, number int32, entry string) *descriptorpb.FieldDescriptorProto {
+		return &descriptorpb.FieldDescriptorProto{
+			Name: proto.String(name), Number: proto.Int32(number),
+			Label: descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_MESSAGE.Enum(),
+			TypeName: proto.String(".payments.v2.ChargeRequest." + entry),
+		}
+	}
+	file := &descriptorpb.FileDescriptorProto{
+		Name:       proto.String("payments/v2/charge.proto"),
+		Package:    proto.String("payments.v2"),
+		Dependency: []string{"google/protobuf/struct.proto"},
+		Syntax:     proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{
+			Name:  proto.String("ChargeRequest"),
+			Field: []*descriptorpb.FieldDescriptorProto{mapField("fields", 1, "FieldsEntry"), mapField("labels", 2, "LabelsEntry")},
+			NestedType: []*descriptorpb.DescriptorProto{
+				entry("FieldsEntry", &descriptorpb.FieldDescriptorProto{
+					Type: descriptorpb.FieldDescriptorProto_TYPE_MESSAGE.Enum(), TypeName: proto.String(".google.protobuf.Value")}),
+				entry("LabelsEntry", &descriptorpb.FieldDescriptorProto{Type: descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum()}),
+			},
+		}},
+	}
+	fd, err := protodesc.NewFile(file, protoregistry.GlobalFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd.Messages().ByName("ChargeRequest")
+}
+
+// newerCharge returns a request of the newer type: amount in fields, and
+// labels whose order Go's map iteration decides each time the message is
+// marshalled without deterministic marshalling.
+func newerCharge(md protoreflect.MessageDescriptor, amount float64) proto.Message {
+	m := dynamicpb.NewMessage(md)
+	fields := m.Mutable(md.Fields().ByName("fields")).Map()
+	fields.Set(protoreflect.ValueOfString("amount").MapKey(), protoreflect.ValueOfMessage(structpb.NewNumberValue(amount).ProtoReflect()))
+	labels := m.Mutable(md.Fields().ByName("labels")).Map()
+	for _, k := range []string{"region", "channel", "tier", "campaign", "device", "locale", "cohort", "source"} {
+		labels.Set(protoreflect.ValueOfString(k).MapKey(), protoreflect.ValueOfString(k+"-value"))
+	}
+	return m
+}
+
+// testNewerClient: a client a schema version ahead of the server (a map
+// field the server does not know) whose first answer is lost after the
+// handler ran: its retry resends the bytes it sent first, so the server
+// sees the same request and replays its outcome: each call charged once,
+// none refused as a mismatch.
+func testNewerClient(t *testing.T, store idempotency.Store) {
+	const calls = 40
+	md := newerChargeRequest(t)
+	var runs counter
+	lost := attemptLog{loseFirst: true}
+	conn := serve(t, &payments{charge: runs.charge},
+		intercepted(lost.intercept, idemgrpc.UnaryServerInterceptor(idempotency.NewRunner(store))),
+		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithBackoff(time.Millisecond, 5*time.Millisecond))))
+
+	mismatches, failures := 0, 0
+	for i := range calls {
+		var header metadata.MD
+		err := conn.Invoke(context.Background(), chargeMethod, newerCharge(md, float64(i)), new(structpb.Struct), grpc.Header(&header))
+		switch {
+		case status.Code(err) == codes.FailedPrecondition:
+			mismatches++
+		case err != nil || len(header.Get(idemgrpc.MetadataReplayed)) == 0:
+			failures++
+			t.Errorf("call %d: %v, header %v; want the replay of its first attempt", i, err, header)
+		}
+	}
+	if runs.n.Load() != calls || mismatches != 0 || failures != 0 || len(lost.attempts()) != 2*calls {
+		t.Fatalf("%d handler runs, %d of %d calls refused as a mismatch, %d failed, %d attempts; want %d runs, no mismatch, 2 attempts per call",
+			runs.n.Load(), mismatches, calls, failures, len(lost.attempts()), calls)
+	}
+}
+
+// countingCodec is gRPC's proto codec, counting the messages it marshals.
+type countingCodec struct {
+	encoding.CodecV2
+	marshals atomic.Int64
+}
+
+func (c *countingCodec) Marshal(v any) (mem.BufferSlice, error) {
+	c.marshals.Add(1)
+	return c.CodecV2.Marshal(v)
+}
+
+// TestClientCodecLeftAlone: a call whose options force a codec is marshalled
+// by that codec on every attempt; the interceptor does not replace it.
+func TestClientCodecLeftAlone(t *testing.T) {
+	var runs counter
+	lost := attemptLog{loseFirst: true}
+	conn := serve(t, &payments{charge: runs.charge},
+		intercepted(lost.intercept, idemgrpc.UnaryServerInterceptor(idempotency.NewRunner(newMemstore(t)))),
+		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(idemgrpc.WithBackoff(time.Millisecond, 5*time.Millisecond))))
+	codec := &countingCodec{CodecV2: encoding.GetCodecV2("proto")}
+	res := charge(context.Background(), conn, chargeRequest(100), grpc.ForceCodecV2(codec))
+	if res.err != nil || !res.replayed() || runs.n.Load() != 1 {
+		t.Fatalf("%v, replayed %v, %d runs; want the first run replayed", res.err, res.replayed(), runs.n.Load())
+	}
+	if n := codec.marshals.Load(); n != 2 {
+		t.Fatalf("the forced codec marshalled %d messages, want 2: the request of each attempt", n)
 	}
 }

@@ -20,7 +20,12 @@
 // the record is left untouched. The stored outcome is the response message,
 // or the status (code, message and details), with the header and trailer
 // metadata the handler set; a replay returns them and adds
-// "idempotent-replayed: true" to the header metadata.
+// "idempotent-replayed: true" to the header metadata. The code and message
+// are also kept outside the stored body, so that they survive when the
+// body cannot be stored (over a cap or a store's bound, or not
+// marshallable): a decline is replayed as the decline it was, never as "the
+// call ran". The interceptor answers each outcome of idempotency.Do
+// (Result.Outcome) through one table, which the README lists.
 //
 // Client:
 //
@@ -28,6 +33,14 @@
 //		grpc.WithTransportCredentials(creds),
 //		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor()),
 //	)
+//
+// The client interceptor marshals each request once and resends those
+// bytes on every attempt, so that a retry is never refused as another
+// request under its key.
+//
+// The options are typed: ServerOption for UnaryServerInterceptor,
+// ClientOption for UnaryClientInterceptor, and WithMethods, a CommonOption,
+// for both.
 //
 // Streaming RPCs are not intercepted: the package has no stream
 // interceptors, and a key on a streaming call is ignored.

@@ -11,9 +11,33 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// Option configures UnaryServerInterceptor or UnaryClientInterceptor. Each
-// option's comment says which one it applies to; the other panics on it.
-type Option func(*config)
+// ServerOption configures UnaryServerInterceptor. The options of the server
+// interceptor only (WithScope, WithReleaseCode...) are ServerOptions, those
+// of the client interceptor only (WithMaxAttempts, WithBackoff...) are
+// ClientOptions, and WithMethods, which both take, is a CommonOption, which
+// is both: the compiler refuses an option given to the interceptor it does
+// not apply to.
+type ServerOption interface{ applyServer(*config) }
+
+// ClientOption configures UnaryClientInterceptor (see ServerOption).
+type ClientOption interface{ applyClient(*config) }
+
+// CommonOption is an option of both interceptors: it is a ServerOption and
+// a ClientOption.
+type CommonOption func(*config)
+
+func (o CommonOption) applyServer(c *config) { o(c) }
+func (o CommonOption) applyClient(c *config) { o(c) }
+
+// serverOption is an option of the server interceptor only.
+type serverOption func(*config)
+
+func (o serverOption) applyServer(c *config) { o(c) }
+
+// clientOption is an option of the client interceptor only.
+type clientOption func(*config)
+
+func (o clientOption) applyClient(c *config) { o(c) }
 
 type config struct {
 	methods map[string]bool // nil: every unary method
@@ -30,10 +54,6 @@ type config struct {
 	baseDelay, maxDelay time.Duration
 	maxElapsed          time.Duration
 	retryCodes          map[codes.Code]bool
-
-	// The names of the options given that apply to one interceptor only:
-	// the other refuses them.
-	serverOnly, clientOnly []string
 }
 
 func defaultConfig() config {
@@ -47,37 +67,17 @@ func defaultConfig() config {
 	}
 }
 
-// newConfig applies opts for the constructor named ctor, panicking on a nil
-// option and on an option of the other interceptor.
-func newConfig(ctor string, server bool, opts []Option) config {
+// newConfig applies opts, with apply, to the defaults for the constructor
+// named ctor, panicking on a nil option.
+func newConfig[O any](ctor string, opts []O, apply func(O, *config)) config {
 	cfg := defaultConfig()
 	for _, o := range opts {
-		if o == nil {
-			panic("idemgrpc: " + ctor + ": nil Option")
+		if any(o) == nil {
+			panic("idemgrpc: " + ctor + ": nil option")
 		}
-		o(&cfg)
-	}
-	switch {
-	case server && len(cfg.clientOnly) > 0:
-		panic("idemgrpc: " + ctor + ": " + cfg.clientOnly[0] + " applies to the client interceptor only")
-	case !server && len(cfg.serverOnly) > 0:
-		panic("idemgrpc: " + ctor + ": " + cfg.serverOnly[0] + " applies to the server interceptor only")
+		apply(o, &cfg)
 	}
 	return cfg
-}
-
-func serverOption(name string, set func(*config)) Option {
-	return func(c *config) {
-		c.serverOnly = append(c.serverOnly, name)
-		set(c)
-	}
-}
-
-func clientOption(name string, set func(*config)) Option {
-	return func(c *config) {
-		c.clientOnly = append(c.clientOnly, name)
-		set(c)
-	}
 }
 
 // covers reports whether the interceptors handle calls of fullMethod.
@@ -91,7 +91,7 @@ func (c *config) covers(fullMethod string) bool {
 // sent to them would store their answers for the TTL. WithMethods panics
 // when given no method or a name that does not start with "/".
 // Default: every unary method.
-func WithMethods(fullMethods ...string) Option {
+func WithMethods(fullMethods ...string) CommonOption {
 	if len(fullMethods) == 0 {
 		panic("idemgrpc: WithMethods needs at least one method")
 	}
@@ -110,13 +110,13 @@ func WithMethods(fullMethods ...string) Option {
 // through unprotected, or is refused with WithKeyRequired). The key is
 // checked as the metadata's is (1 to 255 visible ASCII characters), and the
 // metadata is then ignored. FieldKey reads a string field, such as AIP-155's
-// request_id. Server interceptor only; WithRequestKey panics on nil.
+// request_id. WithRequestKey panics on nil.
 // Default: the "idempotency-key" metadata.
-func WithRequestKey(key func(req any) string) Option {
+func WithRequestKey(key func(req any) string) ServerOption {
 	if key == nil {
 		panic("idemgrpc: WithRequestKey needs a function")
 	}
-	return serverOption("WithRequestKey", func(c *config) { c.requestKey = key })
+	return serverOption(func(c *config) { c.requestKey = key })
 }
 
 // FieldKey returns a function for WithRequestKey that reads the key from
@@ -147,43 +147,42 @@ func FieldKey(name string) func(req any) string {
 // interceptor, left in the context: keys of different scopes never meet. A
 // keyed call for which scope returns "" is refused with PermissionDenied,
 // unless WithUnscopedKeys. Without WithScope every caller shares one key
-// space, and anyone who learns a key can read its stored outcome. Server
-// interceptor only; WithScope panics on nil.
+// space, and anyone who learns a key can read its stored outcome.
+// WithScope panics on nil.
 // Default: none (one shared scope).
-func WithScope(scope func(ctx context.Context) string) Option {
+func WithScope(scope func(ctx context.Context) string) ServerOption {
 	if scope == nil {
 		panic("idemgrpc: WithScope needs a function")
 	}
-	return serverOption("WithScope", func(c *config) { c.scope = scope })
+	return serverOption(func(c *config) { c.scope = scope })
 }
 
 // WithUnscopedKeys lets keyed calls for which the WithScope function finds
 // no principal share the unscoped key space instead of being refused.
-// Server interceptor only.
 // Default: false (such a call gets PermissionDenied).
-func WithUnscopedKeys(allow bool) Option {
-	return serverOption("WithUnscopedKeys", func(c *config) { c.unscopedKeys = allow })
+func WithUnscopedKeys(allow bool) ServerOption {
+	return serverOption(func(c *config) { c.unscopedKeys = allow })
 }
 
 // WithKeyRequired makes the key mandatory: a call without one gets
-// InvalidArgument and the handler does not run. Server interceptor only.
+// InvalidArgument and the handler does not run.
 // Default: false (a call without a key passes through unprotected).
-func WithKeyRequired(required bool) Option {
-	return serverOption("WithKeyRequired", func(c *config) { c.keyRequired = required })
+func WithKeyRequired(required bool) ServerOption {
+	return serverOption(func(c *config) { c.keyRequired = required })
 }
 
 // WithReleaseCode sets which status codes of the handler's errors release
 // the key instead of being stored: a released call runs again when retried,
 // a stored one is replayed. Release only codes the handler returns before
 // it has any effect (on a transactional Runner its writes are rolled back
-// with the release, and committed with a stored error). Server interceptor
-// only; WithReleaseCode panics on nil.
+// with the release, and committed with a stored error). WithReleaseCode
+// panics on nil.
 // Default: DefaultReleaseCode.
-func WithReleaseCode(release func(codes.Code) bool) Option {
+func WithReleaseCode(release func(codes.Code) bool) ServerOption {
 	if release == nil {
 		panic("idemgrpc: WithReleaseCode needs a function")
 	}
-	return serverOption("WithReleaseCode", func(c *config) { c.release = release })
+	return serverOption(func(c *config) { c.release = release })
 }
 
 // DefaultReleaseCode reports whether a handler's error with code c releases
@@ -203,49 +202,48 @@ func DefaultReleaseCode(c codes.Code) bool {
 
 // WithMaxAttempts bounds the attempts of each call, the first one
 // included; 1 turns the interceptor's retries off while it still sets the
-// key (for a gRPC retry policy to retry with). Client interceptor only;
-// WithMaxAttempts panics when n < 1.
+// key (for a gRPC retry policy to retry with). WithMaxAttempts panics when
+// n < 1.
 // Default: 5.
-func WithMaxAttempts(n int) Option {
+func WithMaxAttempts(n int) ClientOption {
 	if n < 1 {
 		panic(fmt.Sprintf("idemgrpc: WithMaxAttempts(%d): need n >= 1", n))
 	}
-	return clientOption("WithMaxAttempts", func(c *config) { c.maxAttempts = n })
+	return clientOption(func(c *config) { c.maxAttempts = n })
 }
 
 // WithBackoff sets the wait before retry n (n = 1 for the second attempt):
 // a random duration between 0 and min(max, base·2^(n-1)), or the
-// google.rpc.RetryInfo delay of the error when that is longer. Client
-// interceptor only; WithBackoff panics unless 0 < base <= max.
+// google.rpc.RetryInfo delay of the error when that is longer. WithBackoff
+// panics unless 0 < base <= max.
 // Default: 100ms base, 5s max.
-func WithBackoff(base, max time.Duration) Option {
+func WithBackoff(base, max time.Duration) ClientOption {
 	if base <= 0 || max < base {
 		panic(fmt.Sprintf("idemgrpc: WithBackoff(%v, %v): need 0 < base <= max", base, max))
 	}
-	return clientOption("WithBackoff", func(c *config) { c.baseDelay, c.maxDelay = base, max })
+	return clientOption(func(c *config) { c.baseDelay, c.maxDelay = base, max })
 }
 
 // WithMaxElapsed bounds the time a call spends retrying: no retry starts
 // later than d after the first attempt started, and a wait that would end
 // past that point, or past the context's deadline, ends the retries at
-// once with the last error. Client interceptor only; WithMaxElapsed panics
-// when d <= 0.
+// once with the last error. WithMaxElapsed panics when d <= 0.
 // Default: 30s.
-func WithMaxElapsed(d time.Duration) Option {
+func WithMaxElapsed(d time.Duration) ClientOption {
 	if d <= 0 {
 		panic(fmt.Sprintf("idemgrpc: WithMaxElapsed(%v): need d > 0", d))
 	}
-	return clientOption("WithMaxElapsed", func(c *config) { c.maxElapsed = d })
+	return clientOption(func(c *config) { c.maxElapsed = d })
 }
 
 // WithRetryCodes sets the status codes the client interceptor retries, with
 // the same key. A replayed outcome (idempotent-replayed: true) is never
-// retried, whatever its code. Client interceptor only; WithRetryCodes
-// panics when given no code, or OK.
+// retried, whatever its code. WithRetryCodes panics when given no code, or
+// OK.
 // Default: Unavailable (what the server interceptor answers while the
 // original runs and when its store cannot be reached, and what gRPC
 // answers for a broken connection).
-func WithRetryCodes(retry ...codes.Code) Option {
+func WithRetryCodes(retry ...codes.Code) ClientOption {
 	if len(retry) == 0 {
 		panic("idemgrpc: WithRetryCodes needs at least one code")
 	}
@@ -256,5 +254,5 @@ func WithRetryCodes(retry ...codes.Code) Option {
 		}
 		set[c] = true
 	}
-	return clientOption("WithRetryCodes", func(c *config) { c.retryCodes = set })
+	return clientOption(func(c *config) { c.retryCodes = set })
 }

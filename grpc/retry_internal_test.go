@@ -20,9 +20,9 @@ type fakeClock struct {
 	sleeps []time.Duration
 }
 
-func newRetrier(clock *fakeClock, opts ...Option) *retrier {
+func newRetrier(clock *fakeClock, opts ...ClientOption) *retrier {
 	return &retrier{
-		cfg: newConfig("test", false, opts),
+		cfg: newConfig("test", opts, ClientOption.applyClient),
 		now: func() time.Time { return clock.now },
 		sleep: func(ctx context.Context, d time.Duration) error {
 			clock.sleeps = append(clock.sleeps, d)

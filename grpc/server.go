@@ -23,6 +23,12 @@ const MetadataKey = "idempotency-key"
 // "true".
 const MetadataReplayed = "idempotent-replayed"
 
+// MetadataOmitted is the header metadata a replay carries, with the value
+// "true", when the outcome was stored without its body (over the Runner's
+// WithMaxResponseBody, over a store's bound, or not marshallable): the
+// replay is its status alone.
+const MetadataOmitted = "idempotent-omitted"
+
 // UnaryServerInterceptor returns an interceptor that runs each unary call
 // carrying a key once per (scope, key) among every server sharing r's
 // store, with r's leases, heartbeat, fencing, steal, wait mode and, on a
@@ -41,14 +47,23 @@ const MetadataReplayed = "idempotent-replayed"
 //     transaction (pgstore.TxFromContext), and that is cancelled, with a
 //     cause wrapping idempotency.ErrLeaseLost, before another call could
 //     take the record over.
-//   - Its outcome is stored: the response message, or the status of its
-//     error (code, message, details), with the header and trailer metadata
-//     it set (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer). An error
-//     whose code WithReleaseCode releases (by default the transient ones,
-//     Internal and Unavailable among them) releases the key instead, so that
-//     a retry runs the handler again; a panic releases it and is re-raised.
+//   - The first caller gets what the handler returned. Its outcome is
+//     stored: the response message, or the status of its error (code,
+//     message, details), with the header and trailer metadata it set
+//     (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer); the code and
+//     message are also kept outside the stored body, so that they survive
+//     when the body is not stored (over the Runner's WithMaxResponseBody,
+//     over a store's bound, or not marshallable, such as a string field
+//     holding invalid UTF-8, which gRPC cannot send either: its caller gets
+//     Internal from gRPC). An error whose code WithReleaseCode releases (by
+//     default the transient ones, Internal and Unavailable among them)
+//     releases the key instead, so that a retry runs the handler again; a
+//     panic releases it and is re-raised.
 //   - A duplicate gets the stored outcome, and "idempotent-replayed: true"
-//     in its header metadata; the handler does not run.
+//     in its header metadata; the handler does not run. For an outcome
+//     stored without its body it gets the status alone (and
+//     "idempotent-omitted: true"): the handler's code and message, or
+//     AlreadyExists RESPONSE_OMITTED for a response.
 //
 // The handler's header metadata goes out with its response, grpc.SendHeader
 // included: it is held until the outcome is known. Metadata set before the
@@ -57,17 +72,16 @@ const MetadataReplayed = "idempotent-replayed"
 // replayed response's type must be registered (generated code registers
 // its messages); grpc.SetSendCompressor and grpc.ClientSupportedCompressors
 // are not available to the handler, as under any interceptor that wraps the
-// server transport stream. Errors are answered with the statuses the
-// package's README lists. Events, logs and metrics name the route with the
-// full method.
+// server transport stream. Every outcome of idempotency.Do is answered as
+// the package's README lists. Events, logs and metrics name the route with
+// the full method.
 //
-// UnaryServerInterceptor panics when r is nil and on an option of the client
-// interceptor.
-func UnaryServerInterceptor(r *idempotency.Runner, opts ...Option) grpc.UnaryServerInterceptor {
+// UnaryServerInterceptor panics when r is nil.
+func UnaryServerInterceptor(r *idempotency.Runner, opts ...ServerOption) grpc.UnaryServerInterceptor {
 	if r == nil {
 		panic("idemgrpc: UnaryServerInterceptor needs a Runner")
 	}
-	s := &server{runner: r, cfg: newConfig("UnaryServerInterceptor", true, opts)}
+	s := &server{runner: r, cfg: newConfig("UnaryServerInterceptor", opts, ServerOption.applyServer)}
 	return s.intercept
 }
 
@@ -113,32 +127,21 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, status.Errorf(codes.Internal, "idemgrpc: marshal the request: %v", err)
 	}
 
-	var run *execution // the handler's, when it ran in this call
+	var ran *answered // the handler's answer, when it ran in this call
 	call := idempotency.Call{Name: info.FullMethod, Key: key, Scope: scope, Payload: payload}
-	res, err := idempotency.Do(ctx, s.runner, call, func(ctx context.Context) ([]byte, error) {
-		run = s.execute(ctx, req, info, handler)
-		if run.released {
-			return nil, errReleased
+	res, err := idempotency.Do(ctx, s.runner, call, func(ctx context.Context) (*idempotency.Response, error) {
+		ran = run(ctx, req, info, handler)
+		if ran.err != nil && s.cfg.release(statusOf(ran.err).Code()) {
+			return nil, ran.err
 		}
-		return run.stored, run.storeErr
+		return ran.outcome().record(), nil
 	})
-	switch {
-	case run != nil && (len(res.Value) > 0 || errors.Is(err, errReleased)):
-		// The handler's outcome: stored, released, or (after a store
-		// failure the Runner reports) its effects stand unrecorded.
-		return run.send(ctx)
-	case run != nil && run.storeErr != nil:
-		return nil, status.Error(codes.Internal, run.storeErr.Error())
-	case err == nil && res.Replayed:
-		o, err := unmarshalOutcome(res.Value)
-		if err != nil {
-			return nil, doAnswer(err).err(ctx)
-		}
-		return o.replay(ctx)
-	case ctx.Err() != nil:
-		return nil, status.FromContextError(ctx.Err()).Err()
+
+	r, ok := outcomeReplies[res.Outcome]
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: no answer to the outcome %v (%v)", res.Outcome, err)
 	}
-	return nil, doAnswer(err).err(ctx)
+	return r.give(ctx, res, err, ran, field)
 }
 
 // key returns the call's key, "" when it has none, and the name of where it
@@ -167,44 +170,31 @@ func (s *server) key(ctx context.Context, req any) (key, field string, err error
 	return key, field, err
 }
 
-// errReleased is the error of Do's function when the handler's error
-// released the key: Do returns it as it is.
-var errReleased = errors.New("idemgrpc: released")
-
-// execution is one run of the handler.
-type execution struct {
-	resp     any
-	err      error
-	rec      *recorder
-	released bool   // the error's code releases the key
-	stored   []byte // the outcome's stored form, when it is kept
-	storeErr error  // why the outcome cannot be stored (and the key is released)
+// answered is what the handler returned in this call, and the metadata it
+// set: what its caller gets.
+type answered struct {
+	resp            any
+	err             error
+	header, trailer metadata.MD
 }
 
-// execute runs the handler with a stream that records its metadata, and
-// prepares its outcome for the record.
-func (s *server) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) *execution {
+// run runs the handler with a stream that records the metadata it sets.
+func run(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) *answered {
 	rec := &recorder{method: info.FullMethod, header: metadata.MD{}, trailer: metadata.MD{}}
 	resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, rec), req)
-	run := &execution{resp: resp, err: err, rec: rec}
 	header, trailer := rec.metadata()
-	o := &outcome{status: &spb.Status{}, header: header, trailer: trailer}
-	if err != nil {
-		st := statusOf(err)
-		if run.released = s.cfg.release(st.Code()); run.released {
-			return run
-		}
-		o.status = st.Proto()
-	} else if resp != nil {
-		m, ok := resp.(proto.Message)
-		if !ok {
-			run.storeErr = errors.New("idemgrpc: the response of " + info.FullMethod + " is not a protocol buffer message")
-			return run
-		}
-		o.response = m
+	return &answered{resp: resp, err: err, header: header, trailer: trailer}
+}
+
+// outcome returns the handler's answer as its record stores it.
+func (a *answered) outcome() *outcome {
+	o := &outcome{status: &spb.Status{}, header: a.header, trailer: a.trailer}
+	if a.err != nil {
+		o.status = statusOf(a.err).Proto()
+	} else if a.resp != nil {
+		o.response = a.resp
 	}
-	run.stored, run.storeErr = o.marshal()
-	return run
+	return o
 }
 
 // statusOf is the status the gRPC server sends for a handler's error.
@@ -215,20 +205,27 @@ func statusOf(err error) *status.Status {
 	return status.FromContextError(err)
 }
 
-// send gives the client the handler's own outcome, as it returned it.
-func (run *execution) send(ctx context.Context) (any, error) {
-	header, trailer := run.rec.metadata()
-	setMetadata(ctx, header, trailer)
-	return run.resp, run.err
+// send gives the caller the handler's own answer, as it returned it.
+func (a *answered) send(ctx context.Context) (any, error) {
+	setMetadata(ctx, a.header, a.trailer)
+	return a.resp, a.err
 }
 
-// replay gives the client the stored outcome, marked replayed.
+// replay gives the caller the stored outcome, marked replayed: for an
+// outcome stored without its body, its status alone, with
+// AlreadyExists RESPONSE_OMITTED in place of a response.
 func (o *outcome) replay(ctx context.Context) (any, error) {
 	header := o.header.Copy()
 	header.Set(MetadataReplayed, "true")
+	if o.omitted {
+		header.Set(MetadataOmitted, "true")
+	}
 	setMetadata(ctx, header, o.trailer)
-	if o.status.GetCode() != int32(codes.OK) {
+	switch {
+	case o.status.GetCode() != int32(codes.OK):
 		return nil, status.ErrorProto(o.status)
+	case o.omitted:
+		return nil, answerResponseOmitted.err(ctx)
 	}
 	return o.response, nil
 }

@@ -3,7 +3,9 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -348,13 +350,48 @@ func TestPanicReleases(t *testing.T) {
 	}
 }
 
-// TestMisconfiguration: constructors panic on what cannot work.
+// TestOptions: the compiler keeps each option to the interceptor it
+// applies to: the server interceptor's options are ServerOptions and no
+// ClientOptions, the client interceptor's the reverse, and WithMethods,
+// the one option of both, both.
+func TestOptions(t *testing.T) {
+	serverOption := reflect.TypeFor[idemgrpc.ServerOption]()
+	clientOption := reflect.TypeFor[idemgrpc.ClientOption]()
+	for _, c := range []struct {
+		name           string
+		opt            any
+		server, client bool
+	}{
+		{"WithMethods", idemgrpc.WithMethods(chargeMethod), true, true},
+		{"WithRequestKey", idemgrpc.WithRequestKey(idemgrpc.FieldKey("request_id")), true, false},
+		{"WithScope", idemgrpc.WithScope(user), true, false},
+		{"WithUnscopedKeys", idemgrpc.WithUnscopedKeys(true), true, false},
+		{"WithKeyRequired", idemgrpc.WithKeyRequired(true), true, false},
+		{"WithReleaseCode", idemgrpc.WithReleaseCode(idemgrpc.DefaultReleaseCode), true, false},
+		{"WithMaxAttempts", idemgrpc.WithMaxAttempts(2), false, true},
+		{"WithBackoff", idemgrpc.WithBackoff(time.Millisecond, time.Second), false, true},
+		{"WithMaxElapsed", idemgrpc.WithMaxElapsed(time.Second), false, true},
+		{"WithRetryCodes", idemgrpc.WithRetryCodes(codes.Unavailable), false, true},
+	} {
+		typ := reflect.TypeOf(c.opt)
+		if got := typ.Implements(serverOption); got != c.server {
+			t.Errorf("%s (%v) is a ServerOption: %v, want %v", c.name, typ, got, c.server)
+		}
+		if got := typ.Implements(clientOption); got != c.client {
+			t.Errorf("%s (%v) is a ClientOption: %v, want %v", c.name, typ, got, c.client)
+		}
+	}
+}
+
+// TestMisconfiguration: constructors panic on the values no type rules
+// out.
 func TestMisconfiguration(t *testing.T) {
 	r := idempotency.NewRunner(newMemstore(t))
 	cases := map[string]func(){
 		"nil Runner":           func() { idemgrpc.UnaryServerInterceptor(nil) },
-		"client option":        func() { idemgrpc.UnaryServerInterceptor(r, idemgrpc.WithMaxAttempts(2)) },
-		"server option":        func() { idemgrpc.UnaryClientInterceptor(idemgrpc.WithScope(user)) },
+		"nil server option":    func() { idemgrpc.UnaryServerInterceptor(r, nil) },
+		"nil client option":    func() { idemgrpc.UnaryClientInterceptor(nil) },
+		"nil scope":            func() { idemgrpc.WithScope(nil) },
 		"short method name":    func() { idemgrpc.WithMethods("Charge") },
 		"no retry code":        func() { idemgrpc.WithRetryCodes() },
 		"OK as a retry code":   func() { idemgrpc.WithRetryCodes(codes.OK) },
@@ -412,5 +449,36 @@ func TestNotProto(t *testing.T) {
 	})
 	if status.Code(err) != codes.Internal || ran {
 		t.Fatalf("%v, ran %v; want Internal and no run", err, ran)
+	}
+}
+
+// TestFailOpen: with WithFailOpen, an unreachable store runs the handler
+// unprotected, and its caller gets the handler's answer.
+func TestFailOpen(t *testing.T) {
+	var runs counter
+	r := idempotency.NewRunner(failingStore{newMemstore(t), errUnreachable}, idempotency.WithFailOpen(true))
+	conn := serve(t, &payments{charge: runs.charge}, intercepted(idemgrpc.UnaryServerInterceptor(r)))
+	ctx := withKey(newKey())
+	for i := range 2 {
+		res := charge(ctx, conn, chargeRequest(100))
+		if res.err != nil || res.replayed() || !proto.Equal(res.resp, receipt(fmt.Sprint("ch_", i+1))) {
+			t.Fatalf("call %d: %v %v, replayed %v; want the handler's answer", i+1, res.resp, res.err, res.replayed())
+		}
+	}
+}
+
+// TestCanceled: a call whose context ended before its record was taken
+// gets its context's status, and the handler does not run.
+func TestCanceled(t *testing.T) {
+	icpt := idemgrpc.UnaryServerInterceptor(idempotency.NewRunner(newMemstore(t)))
+	ctx, cancel := context.WithCancel(metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemgrpc.MetadataKey, newKey())))
+	cancel()
+	ran := false
+	_, err := icpt(ctx, chargeRequest(100), &grpc.UnaryServerInfo{FullMethod: chargeMethod}, func(context.Context, any) (any, error) {
+		ran = true
+		return nil, nil
+	})
+	if status.Code(err) != codes.Canceled || ran {
+		t.Fatalf("%v, ran %v; want Canceled and no run", err, ran)
 	}
 }

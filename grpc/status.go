@@ -2,7 +2,6 @@ package idemgrpc
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 
@@ -15,8 +14,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/go-idempotency/idempotency"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo that every status
@@ -36,16 +33,11 @@ const (
 	ReasonStoreUnavailable    = "STORE_UNAVAILABLE"    // Unavailable, with RetryInfo
 	ReasonStoreFull           = "STORE_FULL"           // ResourceExhausted, with RetryInfo
 	ReasonRecordUnreadable    = "RECORD_UNREADABLE"    // DataLoss
-	ReasonResponseOmitted     = "RESPONSE_OMITTED"     // AlreadyExists
+	ReasonResponseOmitted     = "RESPONSE_OMITTED"     // AlreadyExists: a replay of a response that was not stored
 	ReasonLeaseLost           = "LEASE_LOST"           // Unavailable, with RetryInfo
 	ReasonOutcomeUnknown      = "OUTCOME_UNKNOWN"      // Unavailable, with RetryInfo
-	ReasonResponseTooLarge    = "RESPONSE_TOO_LARGE"   // Internal
+	ReasonResponseTooLarge    = "RESPONSE_TOO_LARGE"   // Internal; idempotency.Do never reports it
 )
-
-// retryLater is the RetryInfo delay of the answers that ask for a retry
-// other than the in-flight one (which carries the lease's time left): the
-// HTTP middleware's Retry-After.
-const retryLater = time.Second
 
 // PushbackKey is the trailer metadata that carries, in milliseconds, the
 // delay of a status with RetryInfo, for the retry policy of gRPC's own
@@ -100,39 +92,32 @@ func keyRequired(field string) answer {
 var answerScopeMissing = answer{codes.PermissionDenied, ReasonScopeMissing,
 	"idemgrpc: this call has no authenticated principal to scope its idempotency key to", 0, nil}
 
-// doAnswer is the status for an error of idempotency.Do that is not the
-// handler's own.
-func doAnswer(err error) answer {
-	var inFlight *idempotency.InFlightError
-	switch {
-	case errors.As(err, &inFlight):
-		return answer{codes.Unavailable, ReasonInFlight,
-			"idemgrpc: a call with this idempotency key is still running; retry with the same key", inFlight.Remaining, nil}
-	case errors.Is(err, idempotency.ErrFingerprintMismatch):
-		return answer{codes.FailedPrecondition, ReasonFingerprintMismatch,
-			"idemgrpc: this idempotency key was used with a different request (another message, or another method)", 0,
-			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: ReasonFingerprintMismatch, Subject: MetadataKey,
-				Description: "the key belongs to another request; send a new key with a new request"}}}}
-	case errors.Is(err, idempotency.ErrOutcomeUnknown):
-		return answer{codes.Unavailable, ReasonOutcomeUnknown,
-			"idemgrpc: the outcome could not be confirmed; a retry with the same key replays it if it was committed, or runs the call again if nothing was", retryLater, nil}
-	case errors.Is(err, idempotency.ErrResultTooLarge):
-		return answer{codes.Internal, ReasonResponseTooLarge,
-			"idemgrpc: the response is too large to be stored; nothing was committed", 0, nil}
-	case errors.Is(err, idempotency.ErrResultOmitted):
-		return answer{codes.AlreadyExists, ReasonResponseOmitted,
-			"idemgrpc: the call with this idempotency key ran, but its response was too large to be stored", 0, nil}
-	case errors.Is(err, idempotency.ErrLeaseLost):
-		return answer{codes.Unavailable, ReasonLeaseLost,
-			"idemgrpc: another call took this idempotency key over; nothing was committed; retry with the same key", retryLater, nil}
-	case errors.Is(err, idempotency.ErrStoreFull):
-		return answer{codes.ResourceExhausted, ReasonStoreFull,
-			"idemgrpc: the idempotency store is full; retry later", retryLater, nil}
-	case errors.Is(err, idempotency.ErrCorruptRecord), errors.Is(err, errUnreadable):
-		return answer{codes.DataLoss, ReasonRecordUnreadable,
-			"idemgrpc: the outcome stored for this idempotency key cannot be read", 0, nil}
-	}
-	return answer{codes.Unavailable, ReasonStoreUnavailable,
-		"idemgrpc: the idempotency store cannot be reached; retry later", retryLater, nil}
-}
+// The interceptor's answers to the outcomes of idempotency.Do that are
+// neither the handler's answer nor a replay (see outcomeReplies). Those
+// that ask for a retry get their RetryInfo delay from the Result.
+var (
+	answerInFlight = answer{codes.Unavailable, ReasonInFlight,
+		"idemgrpc: a call with this idempotency key is still running; retry with the same key", 0, nil}
+	answerMismatch = answer{codes.FailedPrecondition, ReasonFingerprintMismatch,
+		"idemgrpc: this idempotency key was used with a different request (another message, or another method), " +
+			"which may have run: retry that request with this key to learn its outcome; " +
+			"a new key runs this request as a call of its own", 0,
+		&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+			Type: ReasonFingerprintMismatch, Subject: MetadataKey,
+			Description: "the key belongs to another request, which may have run; " +
+				"a new key makes this request a call of its own, to send only if it is not a retry of that one"}}}}
+	answerOutcomeUnknown = answer{codes.Unavailable, ReasonOutcomeUnknown,
+		"idemgrpc: the outcome could not be confirmed; a retry with the same key replays it if it was committed, or runs the call again if nothing was", 0, nil}
+	answerResponseTooLarge = answer{codes.Internal, ReasonResponseTooLarge,
+		"idemgrpc: the response is too large to be stored; nothing was committed", 0, nil}
+	answerResponseOmitted = answer{codes.AlreadyExists, ReasonResponseOmitted,
+		"idemgrpc: the call with this idempotency key ran, but its response was not stored", 0, nil}
+	answerLeaseLost = answer{codes.Unavailable, ReasonLeaseLost,
+		"idemgrpc: another call took this idempotency key over; nothing was committed; retry with the same key", 0, nil}
+	answerStoreFull = answer{codes.ResourceExhausted, ReasonStoreFull,
+		"idemgrpc: the idempotency store is full; retry later", 0, nil}
+	answerRecordUnreadable = answer{codes.DataLoss, ReasonRecordUnreadable,
+		"idemgrpc: the outcome stored for this idempotency key cannot be read", 0, nil}
+	answerStoreUnavailable = answer{codes.Unavailable, ReasonStoreUnavailable,
+		"idemgrpc: the idempotency store cannot be reached; retry later", 0, nil}
+)

@@ -32,6 +32,11 @@ func TestStores(t *testing.T) {
 			t.Run("InFlight", func(t *testing.T) { testInFlight(t, store) })
 			t.Run("Release", func(t *testing.T) { testRelease(t, store) })
 			t.Run("ClientRetries", func(t *testing.T) { testClientRetries(t, store) })
+			t.Run("InvalidUTF8Status", func(t *testing.T) { testInvalidUTF8Status(t, store) })
+			t.Run("InvalidUTF8Response", func(t *testing.T) { testInvalidUTF8Response(t, store) })
+			t.Run("OmittedDecline", func(t *testing.T) { testOmittedDecline(t, store) })
+			t.Run("NewerClient", func(t *testing.T) { testNewerClient(t, store) })
+			t.Run("LegacyRecords", func(t *testing.T) { testLegacyRecords(t, store) })
 		})
 	}
 }

@@ -44,7 +44,7 @@ func acquire(t *testing.T, s *memstore.Store, key, token, fp string, lease, ttl 
 	return a
 }
 
-func wantOutcome(t *testing.T, a idempotency.Acquisition, o idempotency.Outcome, epoch uint64) {
+func wantOutcome(t *testing.T, a idempotency.Acquisition, o idempotency.AcquireOutcome, epoch uint64) {
 	t.Helper()
 	if a.Outcome != o || a.Epoch != epoch {
 		t.Fatalf("acquisition %+v, want outcome %v epoch %d", a, o, epoch)

@@ -46,7 +46,7 @@ func req(key, token string) idempotency.AcquireRequest {
 	return idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: "fp", Lease: 10 * time.Second, TTL: time.Hour}
 }
 
-func mustAcquire(t testing.TB, s idempotency.Store, r idempotency.AcquireRequest, want idempotency.Outcome) idempotency.Acquisition {
+func mustAcquire(t testing.TB, s idempotency.Store, r idempotency.AcquireRequest, want idempotency.AcquireOutcome) idempotency.Acquisition {
 	t.Helper()
 	a, err := s.Acquire(ctx, r)
 	if err != nil {

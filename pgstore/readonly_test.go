@@ -29,7 +29,7 @@ type acquireCase struct {
 	// unless fp is set.
 	fp string
 	// want is the outcome; 0 stands for ErrCorruptRecord.
-	want idempotency.Outcome
+	want idempotency.AcquireOutcome
 	// code is what the statement answers.
 	code int
 	// writes: the acquire changes the row.

@@ -67,7 +67,7 @@ func req(key, token string) idempotency.AcquireRequest {
 	}
 }
 
-func mustAcquire(t testing.TB, s idempotency.Store, r idempotency.AcquireRequest, want idempotency.Outcome) idempotency.Acquisition {
+func mustAcquire(t testing.TB, s idempotency.Store, r idempotency.AcquireRequest, want idempotency.AcquireOutcome) idempotency.Acquisition {
 	t.Helper()
 	a, err := s.Acquire(context.Background(), r)
 	if err != nil {

@@ -531,7 +531,7 @@ func TestConcurrentAcquireExactlyOneWins(t *testing.T) {
 		const n = 64
 		var wg sync.WaitGroup
 		var mu sync.Mutex
-		counts := map[idempotency.Outcome]int{}
+		counts := map[idempotency.AcquireOutcome]int{}
 		start := make(chan struct{})
 		for i := 0; i < n; i++ {
 			wg.Add(1)

@@ -36,8 +36,8 @@ func race[T any](t *testing.T, n int, f func(i int) (T, error)) []T {
 	return results
 }
 
-func countOutcomes(as []idempotency.Acquisition) map[idempotency.Outcome]int {
-	n := map[idempotency.Outcome]int{}
+func countOutcomes(as []idempotency.Acquisition) map[idempotency.AcquireOutcome]int {
+	n := map[idempotency.AcquireOutcome]int{}
 	for _, a := range as {
 		n[a.Outcome]++
 	}
@@ -77,7 +77,7 @@ var concurrencyCases = []testCase{
 
 		type result struct {
 			round, who int // who: -1 for the stale owner
-			outcome    idempotency.Outcome
+			outcome    idempotency.AcquireOutcome
 			completed  bool
 		}
 		results := race(t, keys*(thieves+1), func(i int) (result, error) {
@@ -136,7 +136,7 @@ var concurrencyCases = []testCase{
 
 // wantOneWinner fails t unless exactly one of as has the outcome winner,
 // every other is InFlight, and all of them report epoch.
-func wantOneWinner(t *testing.T, as []idempotency.Acquisition, winner idempotency.Outcome, epoch uint64) {
+func wantOneWinner(t *testing.T, as []idempotency.Acquisition, winner idempotency.AcquireOutcome, epoch uint64) {
 	t.Helper()
 	n := countOutcomes(as)
 	if n[winner] != 1 || n[idempotency.InFlight] != len(as)-1 {

@@ -156,7 +156,7 @@ func (h *harness) acquire(r idempotency.AcquireRequest) idempotency.Acquisition 
 }
 
 // want checks an acquisition's outcome and, when epoch is not 0, its epoch.
-func (h *harness) want(a idempotency.Acquisition, o idempotency.Outcome, epoch uint64) {
+func (h *harness) want(a idempotency.Acquisition, o idempotency.AcquireOutcome, epoch uint64) {
 	h.t.Helper()
 	if a.Outcome != o {
 		h.t.Fatalf("Acquire outcome = %v, want %v (acquisition %+v)", a.Outcome, o, a)
@@ -182,7 +182,7 @@ func (h *harness) want(a idempotency.Acquisition, o idempotency.Outcome, epoch u
 }
 
 // acquireWant is acquire followed by want.
-func (h *harness) acquireWant(r idempotency.AcquireRequest, o idempotency.Outcome, epoch uint64) idempotency.Acquisition {
+func (h *harness) acquireWant(r idempotency.AcquireRequest, o idempotency.AcquireOutcome, epoch uint64) idempotency.Acquisition {
 	h.t.Helper()
 	a := h.acquire(r)
 	h.want(a, o, epoch)
@@ -218,7 +218,7 @@ func (h *harness) wantReplay(key, fp string, want *idempotency.Response) {
 // on any outcome not in before or when waitBound passes. It returns the
 // acquisition and the time the call that saw want returned: the store
 // observed want no later than that.
-func (h *harness) poll(r idempotency.AcquireRequest, want idempotency.Outcome, before ...idempotency.Outcome) (idempotency.Acquisition, time.Time) {
+func (h *harness) poll(r idempotency.AcquireRequest, want idempotency.AcquireOutcome, before ...idempotency.AcquireOutcome) (idempotency.Acquisition, time.Time) {
 	h.t.Helper()
 	deadline := time.Now().Add(waitBound)
 	for {

@@ -2,7 +2,6 @@ package idemnats_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -85,11 +84,14 @@ func ExampleNewProcessor_transaction() {
 }
 
 // Process handles messages fetched by the caller's own loop; WithAckWait
-// tells it the consumer's AckWait, to space its in-progress acks.
+// and WithMaxDeliver tell it the consumer's AckWait, to space its
+// in-progress acks, and MaxDeliver, to recognise a message's last
+// delivery.
 func ExampleProcessor_Process() {
-	var cons jetstream.Consumer // from js.Consumer or js.CreateOrUpdateConsumer, AckWait 10s
+	var cons jetstream.Consumer // from js.Consumer or js.CreateOrUpdateConsumer: AckWait 10s, MaxDeliver 5
 	r := idempotency.NewRunner(memstore.New())
-	p := idemnats.NewProcessor(r, "orders.charge", charge, idemnats.WithAckWait(10*time.Second))
+	p := idemnats.NewProcessor(r, "orders.charge", charge,
+		idemnats.WithAckWait(10*time.Second), idemnats.WithMaxDeliver(5))
 
 	ctx := context.Background()
 	batch, err := cons.Fetch(10)
@@ -98,12 +100,11 @@ func ExampleProcessor_Process() {
 	}
 	for msg := range batch.Messages() {
 		out, err := p.Process(ctx, msg)
-		var inFlight *idempotency.InFlightError
 		switch {
-		case errors.As(err, &inFlight):
-			fmt.Println("another consumer holds the key; back in", out.Delay)
+		case out.LastDelivery: // termed: nothing will retry it
+			fmt.Println("dead-letter", msg.Subject(), err)
 		case err != nil:
-			fmt.Println(out.Action, err) // also reported to the error handler
+			fmt.Println(out.Action, out.Reason, err) // also reported to the error handler
 		default:
 			fmt.Println(out.Action, "replayed:", out.Replayed)
 		}

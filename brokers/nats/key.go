@@ -1,10 +1,13 @@
 package idemnats
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -12,15 +15,21 @@ import (
 // cannot take a key from. Process terms such a message.
 var ErrNoKey = errors.New("idemnats: message has no key")
 
-// DefaultKey returns a message's Nats-Msg-Id header (jetstream.MsgIDHeader)
-// when it has one, and else its stream name and stream sequence, as
-// "ORDERS:42": every redelivery of a message shares them, but a message
-// published again does not, and a stream deleted and created again counts
-// its sequences from 1, so that its messages meet the records of the old
-// ones (for the records' TTL). Publishers that retry should set
-// Nats-Msg-Id (jetstream.WithMsgID), which JetStream also uses to drop
-// duplicates within the stream's Duplicates window; the key outlives that
-// window by the Runner's TTL.
+// DefaultKey returns a message's Nats-Msg-Id header (jetstream.MsgIDHeader),
+// the key its producer chose, when it has one. Else it returns a key of
+// the stored message: its stream name, stream sequence and the time the
+// stream stored it, in nanoseconds, as "ORDERS:42:1718000000123456789".
+// Every redelivery of the message shares that key, but a message published
+// again does not, nor a message that a stream deleted and created again
+// stores under the same sequence: the timestamp tells them apart, so that
+// a new message never meets an old one's record.
+//
+// The trade: a publisher that retries a publication without Nats-Msg-Id
+// (its ack was lost) stores the message twice, and DefaultKey runs the
+// handler for each. Publishers that retry should set Nats-Msg-Id
+// (jetstream.WithMsgID), which JetStream also uses to drop duplicates
+// within the stream's Duplicates window; the key outlives that window by
+// the Runner's TTL. MsgIDKey refuses messages without it instead.
 func DefaultKey(msg jetstream.Msg) (string, error) {
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
 		return id, nil
@@ -29,7 +38,27 @@ func DefaultKey(msg jetstream.Msg) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: no %s header, and no JetStream metadata: %w", ErrNoKey, jetstream.MsgIDHeader, err)
 	}
-	return meta.Stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10), nil
+	at := ":" + strconv.FormatUint(meta.Sequence.Stream, 10) + ":" + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
+	if len(meta.Stream)+len(at) > idempotency.MaxKeyLen {
+		// A stream name may be longer than a key can be: its digest
+		// keeps the key within bounds and as unique.
+		sum := sha256.Sum256([]byte(meta.Stream))
+		return hex.EncodeToString(sum[:]) + at, nil
+	}
+	return meta.Stream + at, nil
+}
+
+// MsgIDKey is a key function (for WithKey) that takes the key from the
+// Nats-Msg-Id header only: a message without one gets an error wrapping
+// ErrNoKey, and Process terms and reports it rather than run it. Use it
+// when every publisher sets Nats-Msg-Id, so that a publisher that forgot
+// it is seen at once, instead of its retried publications running once
+// each (see DefaultKey).
+func MsgIDKey(msg jetstream.Msg) (string, error) {
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return id, nil
+	}
+	return "", fmt.Errorf("%w: no %s header", ErrNoKey, jetstream.MsgIDHeader)
 }
 
 // HeaderKey returns a key function (for WithKey) that takes the key from

@@ -15,6 +15,13 @@ import (
 // closed. The reason went to the error handler (see WithErrorHandler).
 var ErrConsumerStopped = errors.New("idemnats: consumption stopped")
 
+// ErrLastDelivery is wrapped, with the reason, by the error of a message
+// that Process termed instead of naking it because it was the consumer's
+// last delivery of it (MaxDeliver: see WithMaxDeliver): the server would
+// not have delivered it again, and nothing will retry it. The error
+// handler gets it once per such message: dead-letter the message there.
+var ErrLastDelivery = errors.New("idemnats: last delivery")
+
 // Action is the acknowledgement Process sent for a message.
 type Action int
 
@@ -23,7 +30,7 @@ const (
 	// completed); the server does not redeliver it.
 	Ack Action = iota + 1
 	// Nak: the server redelivers the message after Outcome.Delay, within
-	// the consumer's MaxDeliver.
+	// the consumer's MaxDeliver; the redelivery counts toward it.
 	Nak
 	// Term: the server never redelivers the message.
 	Term
@@ -47,15 +54,27 @@ type Outcome struct {
 	Action Action
 	// Delay is the delay of a Nak.
 	Delay time.Duration
-	// Ran reports that the handler ran for this delivery.
+	// Ran reports that the handler ran for this delivery, whether or not
+	// its effects stand.
 	Ran bool
 	// Replayed reports that the key's record was complete: the handler
-	// ran for an earlier delivery or publication, not for this one.
+	// ran for an earlier delivery or publication, not for this one
+	// (idempotency.OutcomeReplayed, idempotency.OutcomeReplayedOmitted).
 	Replayed bool
-	// Epoch is the attempt that ran the handler for this delivery (1 for
-	// the first, +1 for each takeover after a holder died); 0 when it did
-	// not run under a lease.
+	// Epoch is the attempt that ran the handler for this delivery and
+	// whose effects stand (1 for the first, +1 for each takeover after a
+	// holder died): idempotency.Result.Epoch. It is 0 when the handler did
+	// not run, failed, or, in a transaction, committed nothing.
 	Epoch uint64
+	// Reason is how the handler's call through idempotency.Do ended, which
+	// decided Action (see the package documentation's table):
+	// idempotency.OutcomeInvalid for a message the key function refused,
+	// idempotency.OutcomeReleased for a handler that panicked.
+	Reason idempotency.Outcome
+	// LastDelivery reports that the message was on the consumer's last
+	// delivery (MaxDeliver) and was termed instead of naked: nothing will
+	// retry it, and the error Process returns wraps ErrLastDelivery.
+	LastDelivery bool
 }
 
 // Processor handles JetStream messages with a handler that runs once per
@@ -92,31 +111,46 @@ func NewProcessor[T any](r *idempotency.Runner, name string, fn func(ctx context
 
 // Process handles one message: it runs the handler under the message's key
 // with idempotency.Do, sending in-progress acks every third of the AckWait
-// (WithAckWait) until Do returns, and then acks, naks or terms the message
-// as the package documentation's table says. It returns what it sent, and
-// the error that decided it (or the acknowledgement's own), which also
-// went to the error handler unless it is an *idempotency.InFlightError.
+// (WithAckWait) until it is done, and then acks, naks or terms the message
+// as the package documentation's table says, by the outcome of Do. It
+// returns what it sent, and the error that decided it (or the
+// acknowledgement's own), which also went to the error handler unless it
+// is that of a message naked while another call held its key.
+//
+// While another call holds the key, Process keeps the message and waits
+// for it (idempotency.WaitForHolder: woken by the store when the holder
+// ends, and checking again when its lease may have run out) until the
+// key's record is complete (a replay), released (the handler runs) or
+// abandoned (the handler runs, at the next epoch), or ctx ends; only then
+// is the message naked, and that redelivery counts toward MaxDeliver.
+//
+// A nak's delay is a backoff by the message's delivery count (WithNakDelay,
+// WithMaxNakDelay). On the consumer's last delivery (WithMaxDeliver) a
+// message that would be naked is termed instead, with an error wrapping
+// ErrLastDelivery.
 //
 // ctx is the handler's context (with the call's Info added) and bounds the
 // wait for the key's record; the acknowledgement is sent even when ctx
 // has ended. When the handler panics, the key is released, the message is
-// naked and the panic goes on.
+// naked (termed on its last delivery) and the panic goes on.
 func (p *Processor[T]) Process(ctx context.Context, msg jetstream.Msg) (Outcome, error) {
-	return p.process(ctx, msg, p.cfg.ackWait)
+	return p.process(ctx, msg, consumerLimits{ackWait: p.cfg.ackWait, maxDeliver: p.cfg.maxDeliver})
 }
 
 // Consume handles the messages of cons with Process until ctx ends, one
 // at a time, taking the AckWait from the consumer's configuration (its
-// shortest BackOff interval when it has one). opts are those of
-// jetstream's Consume (jetstream.PullMaxMessages, ...); consumption errors
-// go to the error handler unless opts hold a jetstream.ConsumeErrHandler.
-// Run Consume on several goroutines, or in several processes, to handle
-// messages in parallel.
+// shortest BackOff interval when it has one), and its MaxDeliver. opts
+// are those of jetstream's Consume (jetstream.PullMaxMessages, ...);
+// consumption errors go to the error handler unless opts hold a
+// jetstream.ConsumeErrHandler. Run Consume on several goroutines, or in
+// several processes, to handle messages in parallel.
 //
-// Messages buffered behind a running handler get no in-progress acks: a
-// buffered message whose AckWait passes is redelivered, and then replayed
-// or run once. With slow handlers, keep the buffer small
-// (jetstream.PullMaxMessages).
+// Messages buffered behind a running handler, or behind a message waiting
+// for another holder of its key, get no in-progress acks: a buffered
+// message whose AckWait passes is redelivered, which counts toward
+// MaxDeliver, and then replayed or run once. Keep the buffer small
+// (jetstream.PullMaxMessages) when handlers are slow or keys are often
+// held.
 //
 // When ctx ends, Consume stops taking messages, the running handler's
 // context is cancelled, and Consume returns nil once the handler returned
@@ -134,12 +168,12 @@ func (p *Processor[T]) Consume(ctx context.Context, cons jetstream.Consumer, opt
 			return fmt.Errorf("idemnats: consumer info: %w", err)
 		}
 	}
-	ackWait := consumerAckWait(info.Config, p.cfg.ackWait)
+	lim := consumerLimits{ackWait: consumerAckWait(info.Config, p.cfg.ackWait), maxDeliver: info.Config.MaxDeliver}
 	report := jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		p.cfg.onError(ctx, nil, fmt.Errorf("idemnats: consume: %w", err))
 	})
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		_, _ = p.process(ctx, msg, ackWait)
+		_, _ = p.process(ctx, msg, lim)
 	}, append([]jetstream.PullConsumeOpt{report}, opts...)...)
 	if err != nil {
 		return fmt.Errorf("idemnats: consume: %w", err)
@@ -170,113 +204,45 @@ func consumerAckWait(cfg jetstream.ConsumerConfig, def time.Duration) time.Durat
 	return d
 }
 
-// call is what Process learned of the handler's run.
-type call struct {
-	ran   bool   // the handler was called
-	epoch uint64 // its lease's epoch
-	tx    bool   // it ran in a transaction: its writes commit with the record
-	err   error  // its error
+// consumerLimits is what Process knows of the consumer of a message.
+type consumerLimits struct {
+	ackWait    time.Duration // its AckWait
+	maxDeliver int           // its MaxDeliver; below 1: unlimited
 }
 
-func (p *Processor[T]) process(ctx context.Context, msg jetstream.Msg, ackWait time.Duration) (Outcome, error) {
+func (p *Processor[T]) process(ctx context.Context, msg jetstream.Msg, lim consumerLimits) (Outcome, error) {
 	key, err := p.cfg.key(msg)
 	if err != nil {
-		return p.settle(ctx, msg, ackWait, Outcome{Action: Term}, err)
+		p.runner.Reject(ctx, p.name, err)
+		return p.settle(ctx, msg, lim, Outcome{Reason: idempotency.OutcomeInvalid}, 0, err)
 	}
-	c := idempotency.Call{Name: p.name, Key: key, Scope: p.cfg.scope(msg), Payload: p.cfg.payload(msg)}
+	// A duplicate waits for the holder of its key, keeping its message,
+	// rather than spend a delivery the holder may need.
+	c := idempotency.Call{Name: p.name, Key: key, Scope: p.cfg.scope(msg), Payload: p.cfg.payload(msg),
+		Wait: idempotency.WaitForHolder}
 
-	stop := keepInProgress(msg, ackWait/3, func(err error) {
+	stop := keepInProgress(msg, lim.ackWait/3, func(err error) {
 		p.cfg.onError(ctx, msg, fmt.Errorf("idemnats: in progress: %w", err))
 	})
-	var run call
 	panicked := true
 	defer func() {
 		if panicked { // Do released the key; the panic goes on
 			stop()
-			out := Outcome{Action: Nak, Delay: p.cfg.nakDelay, Ran: run.ran, Epoch: run.epoch}
-			p.settle(ctx, msg, ackWait, out, errors.New("the handler panicked"))
+			out := Outcome{Reason: idempotency.OutcomeReleased, Ran: true}
+			p.settle(ctx, msg, lim, out, 0, errors.New("the handler panicked"))
 		}
 	}()
-	_, err = idempotency.Do(ctx, p.runner, c, func(ctx context.Context) (T, error) {
-		run.ran = true
-		if info, ok := idempotency.FromContext(ctx); ok {
-			run.epoch, run.tx = info.Epoch, info.Tx != nil
-		}
-		v, err := p.fn(ctx, msg)
-		run.err = err
-		return v, err
-	})
+	res, err := idempotency.Do(ctx, p.runner, c, func(ctx context.Context) (T, error) { return p.fn(ctx, msg) })
 	panicked = false
 	stop()
 
-	out := Outcome{Ran: run.ran, Epoch: run.epoch}
-	out.Action, out.Delay, err = p.decide(err, run)
-	out.Replayed = out.Action == Ack && !run.ran
-	return p.settle(ctx, msg, ackWait, out, err)
-}
-
-// decide returns what a message gets once Do returned err after the
-// handler's run (see the package documentation's table), and the error to
-// report.
-func (p *Processor[T]) decide(err error, run call) (Action, time.Duration, error) {
-	var inFlight *idempotency.InFlightError
-	switch {
-	case err == nil:
-		return Ack, 0, nil
-	case run.err != nil: // the handler failed: Do released the key
-		return Nak, p.cfg.nakDelay, err
-	case run.ran && run.tx: // nothing was committed, or a retry settles it
-		return Nak, p.cfg.nakDelay, err
-	case run.ran: // the handler's effects stand, stored or not
-		return Ack, 0, err
-	case errors.As(err, &inFlight):
-		if inFlight.Remaining > 0 {
-			return Nak, inFlight.Remaining, err
-		}
-		return Nak, p.cfg.nakDelay, err
-	case errors.Is(err, idempotency.ErrResultOmitted):
-		return Ack, 0, nil // the handler ran once; a consumer needs no stored value
-	case errors.Is(err, idempotency.ErrFingerprintMismatch),
-		errors.Is(err, idempotency.ErrInvalidKey),
-		errors.Is(err, idempotency.ErrCorruptRecord):
-		return Term, 0, err
-	default: // the store failed before the handler ran
-		return Nak, p.cfg.nakDelay, err
+	out := Outcome{
+		Reason:   res.Outcome,
+		Ran:      res.Outcome.Ran(),
+		Replayed: res.Outcome == idempotency.OutcomeReplayed || res.Outcome == idempotency.OutcomeReplayedOmitted,
+		Epoch:    res.Epoch,
 	}
-}
-
-// settle sends out.Action for msg and returns out with the error that
-// decided it, or that the acknowledgement met, reporting it.
-func (p *Processor[T]) settle(ctx context.Context, msg jetstream.Msg, ackWait time.Duration, out Outcome, cause error) (Outcome, error) {
-	var sent error
-	switch out.Action {
-	case Ack:
-		// Confirmed, so that an ack that never reached the server is
-		// reported; its redelivery would replay.
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackWait/3)
-		sent = msg.DoubleAck(actx)
-		cancel()
-	case Nak:
-		if out.Delay > 0 {
-			sent = msg.NakWithDelay(out.Delay)
-		} else {
-			sent = msg.Nak()
-		}
-	case Term:
-		sent = msg.Term()
-	}
-	var err error
-	if cause != nil {
-		err = fmt.Errorf("idemnats: %v: %w", out.Action, cause)
-	}
-	if sent != nil {
-		err = errors.Join(err, fmt.Errorf("idemnats: send %v: %w", out.Action, sent))
-	}
-	var inFlight *idempotency.InFlightError
-	if err != nil && (sent != nil || !errors.As(cause, &inFlight)) {
-		p.cfg.onError(ctx, msg, err)
-	}
-	return out, err
+	return p.settle(ctx, msg, lim, out, res.RetryAfter, err)
 }
 
 // keepInProgress sends msg an in-progress ack every interval until the

@@ -190,7 +190,7 @@ func TestAckAfterComplete(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	wantOutcome(t, r.out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1})
+	wantOutcome(t, r.out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1, Reason: idempotency.OutcomeStored})
 	if n := f.pending(t); n != 0 {
 		t.Fatalf("%d messages pending after the confirmed ack, want 0", n)
 	}
@@ -199,14 +199,15 @@ func TestAckAfterComplete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true, Reason: idempotency.OutcomeReplayed})
 	f.none(t, quiet)
 	wantRuns(t, &c.runs, 1)
 	f.noneReported(t)
 }
 
 // TestErrorNaks: a handler's error releases the key and naks the message
-// with the delay; the redelivery runs the handler again.
+// after the backoff's first delay (at most the base, more than half of
+// it); the redelivery runs the handler again.
 func TestErrorNaks(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -226,14 +227,17 @@ func TestErrorNaks(t *testing.T) {
 	if !errors.Is(err, declined) {
 		t.Fatalf("error %v, want the handler's", err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Nak, Delay: 700 * time.Millisecond, Ran: true, Epoch: 1})
+	if out.Delay <= 350*time.Millisecond || out.Delay > 700*time.Millisecond {
+		t.Fatalf("nak delay %v, want in (350ms, 700ms]", out.Delay)
+	}
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Nak, Delay: out.Delay, Ran: true, Reason: idempotency.OutcomeReleased})
 	if err := f.reported(t); !errors.Is(err, declined) {
 		t.Fatalf("reported %v", err)
 	}
 
 	again := f.next(t)
-	if waited := time.Since(naked); waited < 600*time.Millisecond {
-		t.Fatalf("redelivered after %v, before the nak's delay", waited)
+	if waited := time.Since(naked); waited < out.Delay-100*time.Millisecond {
+		t.Fatalf("redelivered after %v, before the nak's delay %v", waited, out.Delay)
 	}
 	if n := delivery(t, again); n != 2 {
 		t.Fatalf("delivery %d, want 2", n)
@@ -242,62 +246,101 @@ func TestErrorNaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1, Reason: idempotency.OutcomeStored})
 	f.none(t, quiet)
 	wantRuns(t, &runs, 2)
 }
 
-// TestInFlightNaks: a message whose key another consumer holds is naked
-// with the holder's lease as delay, without a report; redelivered after
-// the holder completed, it is acked as a replay.
-func TestInFlightNaks(t *testing.T) {
+// TestInFlightWaits: a message whose key another call holds is neither
+// naked nor reported: Process keeps it on its first delivery, with
+// in-progress acks past its AckWait, and acks it as a replay once the
+// holder completed. When ctx ends first (the consumer stops), the message
+// is naked after the backoff, without a report.
+func TestInFlightWaits(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	const lease = 2 * time.Second
-	entered, release := make(chan struct{}), make(chan struct{})
+	const lease = ackWait
+	entered, release := make(chan string, 2), make(chan struct{})
 	var runs atomic.Int64
 	p := idemnats.NewProcessor(idempotency.NewRunner(newMemStore(t), idempotency.WithLease(lease)), "orders.charge",
 		func(ctx context.Context, msg jetstream.Msg) (int, error) {
 			runs.Add(1)
-			close(entered)
+			entered <- msg.Headers().Get("Order-Id")
 			<-release
 			return 1, nil
 		}, f.options()...)
+	type result struct {
+		out idemnats.Outcome
+		err error
+	}
+	process := func(ctx context.Context, msg jetstream.Msg) chan result {
+		done := make(chan result, 1)
+		go func() {
+			out, err := p.Process(ctx, msg)
+			done <- result{out, err}
+		}()
+		return done
+	}
 	f.st.publish(t, "charge", "Order-Id", "o-1", nats.MsgIdHdr, "m-1")
 	f.st.publish(t, "charge", "Order-Id", "o-1", nats.MsgIdHdr, "m-2")
-
-	done := make(chan error, 1)
-	first := f.next(t)
-	go func() {
-		_, err := p.Process(context.Background(), first)
-		done <- err
-	}()
+	holder := process(context.Background(), f.next(t))
 	<-entered
-	out, err := p.Process(context.Background(), f.next(t))
-	naked := time.Now()
-	var inFlight *idempotency.InFlightError
-	if !errors.As(err, &inFlight) {
-		t.Fatalf("error %v, want an InFlightError", err)
+	duplicate := f.next(t)
+	waiting := process(context.Background(), duplicate)
+
+	// Past the AckWait, the waiting duplicate has not come back: its
+	// in-progress acks keep it, and it was not naked.
+	f.none(t, 2*ackWait)
+	select {
+	case r := <-waiting:
+		t.Fatalf("the duplicate returned while the holder ran: %+v %v", r.out, r.err)
+	default:
 	}
-	if out.Action != idemnats.Nak || out.Delay <= 0 || out.Delay > lease || out.Delay != inFlight.Remaining || out.Ran {
-		t.Fatalf("outcome %+v, want a nak delayed by the lease left (%v)", out, inFlight.Remaining)
+
+	// A duplicate of another held key gives up when its ctx ends: a nak,
+	// not reported.
+	f.st.publish(t, "charge", "Order-Id", "o-2", nats.MsgIdHdr, "m-3")
+	f.st.publish(t, "charge", "Order-Id", "o-2", nats.MsgIdHdr, "m-4")
+	holder2 := process(context.Background(), f.next(t))
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	gaveUp := <-process(ctx, f.next(t))
+	if !errors.Is(gaveUp.err, context.DeadlineExceeded) {
+		t.Fatalf("error %v, want the context's", gaveUp.err)
 	}
+	if gaveUp.out.Action != idemnats.Nak || gaveUp.out.Delay <= 0 || gaveUp.out.Delay > lease || gaveUp.out.Ran ||
+		gaveUp.out.Reason != idempotency.OutcomeCanceled || gaveUp.out.LastDelivery {
+		t.Fatalf("outcome %+v, want a nak after the backoff", gaveUp.out)
+	}
+
 	f.noneReported(t)
 	close(release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	for _, done := range []chan result{holder, holder2} {
+		if r := <-done; r.err != nil {
+			t.Fatal(r.err)
+		}
 	}
+	r := <-waiting
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	wantOutcome(t, r.out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true, Reason: idempotency.OutcomeReplayed})
+	if n := delivery(t, duplicate); n != 1 {
+		t.Fatalf("the duplicate was acked on delivery %d, want 1", n)
+	}
+	wantRuns(t, &runs, 2)
 
+	// The duplicate that gave up comes back, and replays.
 	again := f.next(t)
-	if waited := time.Since(naked); waited < out.Delay-100*time.Millisecond {
-		t.Fatalf("redelivered after %v, before the nak's delay %v", waited, out.Delay)
+	if again.Headers().Get(nats.MsgIdHdr) != "m-4" || delivery(t, again) != 2 {
+		t.Fatalf("redelivered %v, delivery %d; want m-4's second", again.Headers(), delivery(t, again))
 	}
-	out, err = p.Process(context.Background(), again)
-	if err != nil {
-		t.Fatal(err)
+	if r := <-process(context.Background(), again); r.err != nil || !r.out.Replayed {
+		t.Fatalf("redelivery: %+v %v, want a replay", r.out, r.err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true})
-	wantRuns(t, &runs, 1)
+	f.noneReported(t)
+	wantRuns(t, &runs, 2)
 }
 
 // TestTerms: a key used with another payload, a message without a key
@@ -316,14 +359,15 @@ func TestTerms(t *testing.T) {
 		name    string
 		headers []string
 		want    error
+		reason  idempotency.Outcome
 	}{
-		{"other payload", []string{"Order-Id", "o-1", nats.MsgIdHdr, "m-2"}, idempotency.ErrFingerprintMismatch},
-		{"no key", []string{nats.MsgIdHdr, "m-3"}, idemnats.ErrNoKey},
-		{"key too long", []string{"Order-Id", strings.Repeat("k", idempotency.MaxKeyLen+1)}, idempotency.ErrInvalidKey},
+		{"other payload", []string{"Order-Id", "o-1", nats.MsgIdHdr, "m-2"}, idempotency.ErrFingerprintMismatch, idempotency.OutcomeMismatch},
+		{"no key", []string{nats.MsgIdHdr, "m-3"}, idemnats.ErrNoKey, idempotency.OutcomeInvalid},
+		{"key too long", []string{"Order-Id", strings.Repeat("k", idempotency.MaxKeyLen+1)}, idempotency.ErrInvalidKey, idempotency.OutcomeInvalid},
 	} {
 		f.st.publish(t, "charge 999", tc.headers...)
 		out, err := p.Process(context.Background(), f.next(t))
-		if !errors.Is(err, tc.want) || out.Action != idemnats.Term || out.Ran {
+		if !errors.Is(err, tc.want) || out.Action != idemnats.Term || out.Ran || out.Reason != tc.reason || out.LastDelivery {
 			t.Fatalf("%s: %+v %v, want a term for %v", tc.name, out, err, tc.want)
 		}
 		if err := f.reported(t); !errors.Is(err, tc.want) {
@@ -351,12 +395,12 @@ func TestResultOmittedAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1, Reason: idempotency.OutcomeOmitted})
 	out, err = p.Process(context.Background(), f.next(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Replayed: true, Reason: idempotency.OutcomeReplayedOmitted})
 	f.none(t, quiet)
 	wantRuns(t, &runs, 1)
 	f.noneReported(t)
@@ -386,7 +430,7 @@ func TestUnstoredRecordAcks(t *testing.T) {
 	if !errors.Is(err, errStoreDown) {
 		t.Fatalf("error %v, want the store's", err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1, Reason: idempotency.OutcomeUnrecorded})
 	if err := f.reported(t); !errors.Is(err, errStoreDown) {
 		t.Fatalf("reported %v", err)
 	}
@@ -394,7 +438,8 @@ func TestUnstoredRecordAcks(t *testing.T) {
 }
 
 // TestStoreFullNaks: a store that refuses the record before the handler
-// ran (full) naks the message with the delay; the handler does not run.
+// ran (full) naks the message after the outcome's RetryAfter, longer than
+// the backoff; the handler does not run.
 func TestStoreFullNaks(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -410,7 +455,9 @@ func TestStoreFullNaks(t *testing.T) {
 	if !errors.Is(err, idempotency.ErrStoreFull) {
 		t.Fatalf("error %v, want ErrStoreFull", err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Nak, Delay: 300 * time.Millisecond})
+	// The core's RetryAfter for a full store (a second) is longer than
+	// the backoff's first delay (300ms at most): it wins.
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Nak, Delay: time.Second, Reason: idempotency.OutcomeStoreFull})
 	if err := f.reported(t); !errors.Is(err, idempotency.ErrStoreFull) {
 		t.Fatalf("reported %v", err)
 	}
@@ -449,12 +496,12 @@ func TestPanicNaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1})
+	wantOutcome(t, out, idemnats.Outcome{Action: idemnats.Ack, Ran: true, Epoch: 1, Reason: idempotency.OutcomeStored})
 }
 
 // TestDefaultKey: without options a message is keyed by its Nats-Msg-Id
-// header, or else by its stream and stream sequence, which its
-// redeliveries share.
+// header, or else by its stream, stream sequence and stored timestamp,
+// which its redeliveries share.
 func TestDefaultKey(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -469,24 +516,30 @@ func TestDefaultKey(t *testing.T) {
 				return 0, errors.New("once")
 			}
 			return 1, nil
-		}, idemnats.WithNakDelay(0), idemnats.WithErrorHandler(func(context.Context, jetstream.Msg, error) {}))
+		}, idemnats.WithNakDelay(time.Millisecond), idemnats.WithErrorHandler(func(context.Context, jetstream.Msg, error) {}))
 	f.st.publish(t, "a", nats.MsgIdHdr, "m-1")
 	f.st.publish(t, "b")
+	var stored time.Time
 	for range 3 { // m-1, the second message, which fails, and its redelivery
-		if _, err := p.Process(context.Background(), f.next(t)); err != nil && err.Error() != "idemnats: nak: once" {
+		msg := f.next(t)
+		if meta, err := msg.Metadata(); err == nil && meta.Sequence.Stream == 2 {
+			stored = meta.Timestamp
+		}
+		if _, err := p.Process(context.Background(), msg); err != nil && err.Error() != "idemnats: nak: once" {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"m-1", f.st.name + ":2", f.st.name + ":2"}
+	second := fmt.Sprintf("%s:2:%d", f.st.name, stored.UnixNano())
+	want := []string{"m-1", second, second}
 	if fmt.Sprint(keys) != fmt.Sprint(want) {
 		t.Fatalf("keys %q, want %q", keys, want)
 	}
 }
 
 // TestTransactionNaks: on a transactional Runner (pgstore), a run whose
-// writes were not committed (a result over the cap; a commit whose
-// connection died) naks the message, and its redelivery commits the
-// handler's writes once.
+// writes were not committed (a commit whose connection died) naks the
+// message, and its redelivery commits the handler's writes once. A result
+// over the cap commits with the writes, marked omitted, and is acked.
 func TestTransactionNaks(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -499,17 +552,17 @@ func TestTransactionNaks(t *testing.T) {
 		if _, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1, $2, 0)", info.Key, info.Epoch); err != nil {
 			return "", err
 		}
-		switch runs.Add(1) {
-		case 1: // over the cap: everything rolls back
-			return strings.Repeat("x", 100), nil
-		case 2: // the connection dies before the commit
+		if runs.Add(1) == 1 { // the connection dies before the commit
 			_, _ = tx.Exec(ctx, "SELECT pg_terminate_backend(pg_backend_pid())")
+		}
+		if info.Key == "o-2" { // over the cap
+			return strings.Repeat("x", 100), nil
 		}
 		return "ok", nil
 	}, f.options()...)
-	rows := func() int {
+	rows := func(key string) int {
 		var n int
-		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM effects WHERE key = 'o-1'").Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM effects WHERE key = $1", key).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -517,23 +570,24 @@ func TestTransactionNaks(t *testing.T) {
 	f.st.publish(t, "charge", "Order-Id", "o-1")
 
 	out, err := p.Process(context.Background(), f.next(t))
-	if !errors.Is(err, idempotency.ErrResultTooLarge) || out.Action != idemnats.Nak || !out.Ran || rows() != 0 {
-		t.Fatalf("over the cap: %+v %v, %d rows", out, err, rows())
+	if err == nil || out.Action != idemnats.Nak || !out.Ran || out.Epoch != 0 || out.Reason.Class() != idempotency.ClassRetry || rows("o-1") != 0 {
+		t.Fatalf("connection died: %+v %v, %d rows", out, err, rows("o-1"))
+	}
+	if err := f.reported(t); err == nil {
+		t.Fatal("nothing reported")
 	}
 	out, err = p.Process(context.Background(), f.next(t))
-	if err == nil || out.Action != idemnats.Nak || !out.Ran || rows() != 0 {
-		t.Fatalf("connection died: %+v %v, %d rows", out, err, rows())
+	if err != nil || out.Action != idemnats.Ack || !out.Ran || out.Reason != idempotency.OutcomeCommitted || rows("o-1") != 1 {
+		t.Fatalf("redelivery: %+v %v, %d rows", out, err, rows("o-1"))
 	}
-	for range 2 {
-		if err := f.reported(t); err == nil {
-			t.Fatal("nothing reported")
-		}
-	}
+
+	f.st.publish(t, "charge", "Order-Id", "o-2")
 	out, err = p.Process(context.Background(), f.next(t))
-	if err != nil || out.Action != idemnats.Ack || !out.Ran || rows() != 1 {
-		t.Fatalf("redelivery: %+v %v, %d rows", out, err, rows())
+	if err != nil || out.Action != idemnats.Ack || out.Reason != idempotency.OutcomeOmitted || rows("o-2") != 1 {
+		t.Fatalf("over the cap: %+v %v, %d rows", out, err, rows("o-2"))
 	}
 	f.none(t, quiet)
+	f.noneReported(t)
 }
 
 // deliveries counts the deliveries a Processor saw (through its key
@@ -708,6 +762,9 @@ func TestMisconfiguration(t *testing.T) {
 		"nil payload":  func() { idemnats.WithPayload(nil) },
 		"zero AckWait": func() { idemnats.WithAckWait(0) },
 		"negative nak": func() { idemnats.WithNakDelay(-time.Second) },
+		"zero nak":     func() { idemnats.WithNakDelay(0) },
+		"zero max nak": func() { idemnats.WithMaxNakDelay(0) },
+		"nil conn":     func() { idemnats.WithConn(nil) },
 		"nil handler2": func() { idemnats.WithErrorHandler(nil) },
 		"empty header": func() { idemnats.HeaderKey("") },
 	} {

@@ -1,6 +1,8 @@
 package idemrabbit
 
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -91,4 +93,103 @@ func WithTimeout(d time.Duration) SinkOption {
 // Default: amqp091-go's, from the URL (a heartbeat every 10s).
 func WithConfig(cfg amqp.Config) SinkOption {
 	return func(c *sinkConfig) { c.amqp = cfg }
+}
+
+// Defaults of the Processor.
+const (
+	// DefaultBackoffBase is how long a failed first delivery is held
+	// before it is requeued.
+	DefaultBackoffBase = time.Second
+	// DefaultBackoffCap is the longest a failed delivery is held before it
+	// is requeued.
+	DefaultBackoffCap = time.Minute
+)
+
+// ProcessorOption configures a Processor.
+type ProcessorOption func(*processorConfig)
+
+type processorConfig struct {
+	backoffBase, backoffCap time.Duration
+	limit                   int // x-delivery-limit; noLimit when unknown
+	onError                 func(ctx context.Context, d amqp.Delivery, err error)
+}
+
+// noLimit is the limit of a queue whose delivery limit the Processor was
+// not told.
+const noLimit = -1
+
+func newProcessorConfig(opts []ProcessorOption) processorConfig {
+	c := processorConfig{
+		backoffBase: DefaultBackoffBase,
+		backoffCap:  DefaultBackoffCap,
+		limit:       noLimit,
+		onError:     logError,
+	}
+	for _, o := range opts {
+		if o == nil {
+			panic("idemrabbit: NewProcessor: nil ProcessorOption")
+		}
+		o(&c)
+	}
+	return c
+}
+
+// last reports whether the n-th delivery of a message is the last one the
+// queue makes: with x-delivery-limit L, a quorum queue delivers a message
+// L+1 times, and drops (or dead-letters) it when the last is returned.
+func (c *processorConfig) last(n int) bool {
+	return c.limit != noLimit && n > c.limit
+}
+
+// WithBackoff sets the backoff of a delivery whose handler failed (or
+// whose store could not be used): Process holds it, unacked, for base
+// doubled for each earlier delivery of the message, up to ceiling, jittered
+// within the upper half of that, and then requeues it. The count of
+// earlier deliveries is the x-delivery-count header a quorum queue sets;
+// a classic queue only says whether the message was redelivered, so there
+// the backoff stays at its second step. Keep ceiling well under the broker's
+// consumer_timeout (30 minutes by default). It panics unless
+// 0 < base <= ceiling.
+// Default: 1s (DefaultBackoffBase) doubling up to 1m (DefaultBackoffCap).
+func WithBackoff(base, ceiling time.Duration) ProcessorOption {
+	if base <= 0 || ceiling < base {
+		panic("idemrabbit: WithBackoff needs 0 < base <= ceiling")
+	}
+	return func(c *processorConfig) { c.backoffBase, c.backoffCap = base, ceiling }
+}
+
+// WithDeliveryLimit tells the Processor the delivery limit of its queue
+// (the x-delivery-limit argument or delivery-limit policy of a quorum
+// queue; 20 by default on RabbitMQ 4): the queue delivers a message n+1
+// times at most. A delivery that has reached the limit (its
+// x-delivery-count is n) and whose outcome would requeue it is rejected
+// without requeue instead, so that the queue dead-letters it, and its
+// error, which wraps ErrLastDelivery and the reason, goes to the error
+// handler: the application learns that the message will not come back.
+// It panics if n is negative.
+// Default: none (the Processor assumes no limit).
+func WithDeliveryLimit(n int) ProcessorOption {
+	if n < 0 {
+		panic("idemrabbit: WithDeliveryLimit needs a non-negative limit")
+	}
+	return func(c *processorConfig) { c.limit = n }
+}
+
+// WithErrorHandler sets the function that receives every error Process
+// returns, with the delivery: a handler's failure, a record that could
+// not be stored, a rejection, a last delivery (ErrLastDelivery), and what
+// settling the delivery met. It may be called from several goroutines at
+// once.
+// Default: a Warn record on slog.Default().
+func WithErrorHandler(h func(ctx context.Context, d amqp.Delivery, err error)) ProcessorOption {
+	if h == nil {
+		panic("idemrabbit: WithErrorHandler needs a function")
+	}
+	return func(c *processorConfig) { c.onError = h }
+}
+
+// logError is the default error handler.
+func logError(ctx context.Context, d amqp.Delivery, err error) {
+	slog.Default().WarnContext(ctx, "idemrabbit: delivery handling failed", "err", err,
+		"message_id", d.MessageId, "routing_key", d.RoutingKey, "delivery", deliveryNumber(d))
 }

@@ -3,48 +3,40 @@ package idemrabbit_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/go-idempotency/idempotency"
 	idemrabbit "github.com/go-idempotency/idempotency/brokers/rabbitmq"
 	"github.com/go-idempotency/idempotency/brokers/rabbitmq/rabbittest"
-	"github.com/go-idempotency/idempotency/internal/pgtest"
-	"github.com/go-idempotency/idempotency/memstore"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
-func memRunner(t testing.TB, opts ...idempotency.Option) *idempotency.Runner {
-	t.Helper()
-	s := memstore.New()
-	t.Cleanup(func() { _ = s.Close() })
-	return idempotency.NewRunner(s, opts...)
-}
+// quiet is an error handler for tests that check the errors Process
+// returns instead.
+func quiet(context.Context, amqp.Delivery, error) {}
 
 // TestProcessOncePerMessageID: a message published twice (the relay's at
 // least once) reaches the queue twice; the handler runs for the first
 // delivery, the second replays, and both are acked.
 func TestProcessOncePerMessageID(t *testing.T) {
 	queue := rabbittest.Queue(t)
-	sink := newSink(t)
-	e := envelope("k7/1", queue, `{"amount":1999}`)
 	for range 2 {
-		if err := sink.Publish(context.Background(), e); err != nil {
-			t.Fatal(err)
-		}
+		publish(t, queue, "k7/1", `{"amount":1999}`)
 	}
-	r := memRunner(t)
-	ds := consume(t, queue)
 	runs := 0
-	apply := func(ctx context.Context, d amqp.Delivery) (int, error) {
+	p := idemrabbit.NewProcessor(memRunner(t), "payments.apply", func(ctx context.Context, d amqp.Delivery) (int, error) {
 		runs++
 		return runs, nil
-	}
+	})
+	ds := subscribe(t, queue, 2)
 	for i, wantReplayed := range []bool{false, true} {
-		res, s, err := idemrabbit.Process(context.Background(), r, "payments.apply", next(t, ds), apply)
-		if err != nil || s != idemrabbit.Acked || res.Replayed != wantReplayed || res.Value != 1 {
-			t.Fatalf("delivery %d: %+v, %v, %v", i+1, res, s, err)
+		res, s, err := p.Process(context.Background(), next(t, ds))
+		if err != nil || s.Action != idemrabbit.Ack || res.Replayed != wantReplayed || res.Value != 1 {
+			t.Fatalf("delivery %d: %+v, %+v, %v", i+1, res, s, err)
 		}
 	}
 	if runs != 1 {
@@ -52,28 +44,41 @@ func TestProcessOncePerMessageID(t *testing.T) {
 	}
 }
 
-// TestProcessRequeuesOnError: a handler's error releases the key and
-// requeues the delivery; its redelivery runs the handler again.
-func TestProcessRequeuesOnError(t *testing.T) {
+// TestProcessRequeuesAfterBackoff: a handler's error releases the key;
+// the delivery is held for the backoff's first step and then requeued,
+// and its redelivery runs the handler again.
+func TestProcessRequeuesAfterBackoff(t *testing.T) {
 	queue := rabbittest.Queue(t)
-	if err := newSink(t).Publish(context.Background(), envelope("k8/1", queue, "p")); err != nil {
-		t.Fatal(err)
-	}
-	r := memRunner(t)
-	ds := consume(t, queue)
+	publish(t, queue, "k8/1", "p")
 	fail := errors.New("provider down")
-	_, s, err := idemrabbit.Process(context.Background(), r, "payments.apply", next(t, ds), func(context.Context, amqp.Delivery) (string, error) {
-		return "", fail
-	})
-	if s != idemrabbit.Requeued || !errors.Is(err, fail) {
-		t.Fatalf("failing handler: %v, %v", s, err)
+	var reported atomic.Int32
+	p := idemrabbit.NewProcessor(memRunner(t), "payments.apply", func(_ context.Context, d amqp.Delivery) (string, error) {
+		if !d.Redelivered {
+			return "", fail
+		}
+		return "applied", nil
+	}, idemrabbit.WithBackoff(100*time.Millisecond, time.Second), idemrabbit.WithErrorHandler(func(_ context.Context, _ amqp.Delivery, err error) {
+		if errors.Is(err, fail) {
+			reported.Add(1)
+		}
+	}))
+	ds := subscribe(t, queue, 1)
+	start := time.Now()
+	res, s, err := p.Process(context.Background(), next(t, ds))
+	held := time.Since(start)
+	if s.Action != idemrabbit.Requeue || !errors.Is(err, fail) || res.Outcome != idempotency.OutcomeReleased {
+		t.Fatalf("failing handler: %+v, %+v, %v", res, s, err)
+	}
+	if s.Delivery != 1 || s.Delay < 50*time.Millisecond || s.Delay >= 100*time.Millisecond || held < s.Delay {
+		t.Fatalf("first delivery held %v with delay %v (delivery %d); want a delay in [50ms, 100ms), held as long", held, s.Delay, s.Delivery)
 	}
 	d := next(t, ds)
-	res, s, err := idemrabbit.Process(context.Background(), r, "payments.apply", d, func(context.Context, amqp.Delivery) (string, error) {
-		return "applied", nil
-	})
-	if !d.Redelivered || s != idemrabbit.Acked || err != nil || res.Value != "applied" || res.Replayed {
-		t.Fatalf("redelivery (redelivered %v): %+v, %v, %v", d.Redelivered, res, s, err)
+	res, s, err = p.Process(context.Background(), d)
+	if !d.Redelivered || s.Action != idemrabbit.Ack || s.Delivery != 2 || err != nil || res.Value != "applied" || res.Replayed {
+		t.Fatalf("redelivery (redelivered %v): %+v, %+v, %v", d.Redelivered, res, s, err)
+	}
+	if n := reported.Load(); n != 1 {
+		t.Fatalf("the error handler got the handler's error %d times, want 1", n)
 	}
 }
 
@@ -92,25 +97,58 @@ func TestProcessRejects(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := memRunner(t)
-	ds := consume(t, queue)
 	runs := 0
-	apply := func(context.Context, amqp.Delivery) (int, error) { runs++; return runs, nil }
+	p := idemrabbit.NewProcessor(memRunner(t), "payments.apply", func(context.Context, amqp.Delivery) (int, error) {
+		runs++
+		return runs, nil
+	}, idemrabbit.WithErrorHandler(quiet))
+	ds := subscribe(t, queue, 3)
 	for i, want := range []struct {
-		s   idemrabbit.Settlement
-		err error
+		a       idemrabbit.Action
+		outcome idempotency.Outcome
+		err     error
 	}{
-		{idemrabbit.Rejected, idemrabbit.ErrNoMessageID},
-		{idemrabbit.Acked, nil},
-		{idemrabbit.Rejected, idempotency.ErrFingerprintMismatch},
+		{idemrabbit.Reject, idempotency.OutcomeInvalid, idemrabbit.ErrNoMessageID},
+		{idemrabbit.Ack, idempotency.OutcomeStored, nil},
+		{idemrabbit.Reject, idempotency.OutcomeMismatch, idempotency.ErrFingerprintMismatch},
 	} {
-		_, s, err := idemrabbit.Process(context.Background(), r, "payments.apply", next(t, ds), apply)
-		if s != want.s || (want.err == nil) != (err == nil) || (want.err != nil && !errors.Is(err, want.err)) {
-			t.Fatalf("delivery %d: %v, %v; want %v, %v", i+1, s, err, want.s, want.err)
+		res, s, err := p.Process(context.Background(), next(t, ds))
+		if s.Action != want.a || res.Outcome != want.outcome || (want.err == nil) != (err == nil) || (want.err != nil && !errors.Is(err, want.err)) {
+			t.Fatalf("delivery %d: %v, %v, %v; want %v, %v, %v", i+1, s.Action, res.Outcome, err, want.a, want.outcome, want.err)
 		}
 	}
 	if runs != 1 {
 		t.Fatalf("the handler ran %d times, want 1", runs)
+	}
+	if n := ready(t, queue); n != 0 {
+		t.Fatalf("%d messages back in the queue, want 0", n)
+	}
+}
+
+// TestProcessPanic: a handler's panic goes on, after the key was
+// released and the delivery requeued; the redelivery runs the handler
+// again.
+func TestProcessPanic(t *testing.T) {
+	queue := rabbittest.Queue(t)
+	publish(t, queue, "k11/1", "p")
+	p := idemrabbit.NewProcessor(memRunner(t), "payments.apply", func(_ context.Context, d amqp.Delivery) (string, error) {
+		if !d.Redelivered {
+			panic("bug")
+		}
+		return "applied", nil
+	}, idemrabbit.WithBackoff(10*time.Millisecond, 10*time.Millisecond), idemrabbit.WithErrorHandler(quiet))
+	ds := subscribe(t, queue, 1)
+	func() {
+		defer func() {
+			if r := recover(); r != "bug" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		p.Process(context.Background(), next(t, ds))
+	}()
+	res, s, err := p.Process(context.Background(), next(t, ds))
+	if err != nil || s.Action != idemrabbit.Ack || res.Value != "applied" || res.Replayed {
+		t.Fatalf("redelivery: %+v, %+v, %v", res, s, err)
 	}
 }
 
@@ -118,38 +156,83 @@ func TestProcessRejects(t *testing.T) {
 // handler's row commits with the record: two deliveries of one message
 // make one row.
 func TestProcessTransactional(t *testing.T) {
-	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	if err := pgstore.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE applied (message_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	store := pgstore.New(pool)
-	t.Cleanup(func() { _ = store.Close() })
-	r := idempotency.NewRunner(store, idempotency.WithTransaction(true))
+	r, pool := pgRunner(t, "applied")
 
 	queue := rabbittest.Queue(t)
-	sink := newSink(t)
 	for range 2 {
-		if err := sink.Publish(ctx, envelope("k10/1", queue, "p")); err != nil {
-			t.Fatal(err)
+		publish(t, queue, "k10/1", "p")
+	}
+	p := idemrabbit.NewProcessor(r, "payments.apply", func(ctx context.Context, d amqp.Delivery) (string, error) {
+		tx, _ := pgstore.TxFromContext(ctx)
+		_, err := tx.Exec(ctx, `INSERT INTO applied VALUES ($1)`, d.MessageId)
+		return "ok", err
+	})
+	ds := subscribe(t, queue, 2)
+	for i, want := range []idempotency.Outcome{idempotency.OutcomeCommitted, idempotency.OutcomeReplayed} {
+		res, s, err := p.Process(ctx, next(t, ds))
+		if err != nil || s.Action != idemrabbit.Ack || res.Outcome != want {
+			t.Fatalf("delivery %d: %v, %+v, %v", i+1, res.Outcome, s, err)
 		}
 	}
-	ds := consume(t, queue)
-	for range 2 {
-		_, s, err := idemrabbit.Process(ctx, r, "payments.apply", next(t, ds), func(ctx context.Context, d amqp.Delivery) (string, error) {
-			tx, _ := pgstore.TxFromContext(ctx)
-			_, err := tx.Exec(ctx, `INSERT INTO applied VALUES ($1)`, d.MessageId)
-			return "ok", err
-		})
-		if err != nil || s != idemrabbit.Acked {
-			t.Fatalf("%v, %v", s, err)
-		}
+	if n := rows(t, pool, "applied"); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
 	}
-	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM applied`).Scan(&rows); err != nil || rows != 1 {
-		t.Fatalf("%d rows (%v), want 1", rows, err)
+}
+
+// TestProcessWaitEndsWithContext: a delivery whose key another call holds
+// stays unacked while Process waits; when ctx ends first, it is requeued
+// at once, without the backoff.
+func TestProcessWaitEndsWithContext(t *testing.T) {
+	queue, _ := quorumQueue(t, -1)
+	for range 2 {
+		publish(t, queue, "k12/1", "p")
+	}
+	started, finish := make(chan struct{}), make(chan struct{})
+	p := idemrabbit.NewProcessor(memRunner(t), "payments.apply", func(ctx context.Context, d amqp.Delivery) (string, error) {
+		close(started)
+		<-finish
+		return "applied", nil
+	}, idemrabbit.WithBackoff(time.Minute, time.Minute), idemrabbit.WithErrorHandler(quiet))
+	holderDone := make(chan error, 1)
+	holder := next(t, subscribe(t, queue, 1))
+	go func() {
+		_, _, err := p.Process(context.Background(), holder)
+		holderDone <- err
+	}()
+	<-started
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ds := subscribe(t, queue, 1)
+	dup := next(t, ds)
+	waiting := make(chan struct{})
+	var s idemrabbit.Settlement
+	var res idempotency.Result[string]
+	var err error
+	go func() {
+		defer close(waiting)
+		res, s, err = p.Process(ctx, dup)
+	}()
+	select {
+	case <-waiting:
+		t.Fatalf("Process returned while the holder ran: %+v, %+v, %v", res, s, err)
+	case <-time.After(200 * time.Millisecond): // still waiting, the delivery unacked
+	}
+	cancel()
+	canceled := time.Now()
+	<-waiting
+	// Within a second: the minute of backoff was not held.
+	if s.Action != idemrabbit.Requeue || s.Final || res.Outcome.Class() != idempotency.ClassRetry || time.Since(canceled) > time.Second {
+		t.Fatalf("%v after ctx ended: %v, %+v, %v", time.Since(canceled), res.Outcome, s, err)
+	}
+	close(finish)
+	if err := <-holderDone; err != nil {
+		t.Fatal(err)
+	}
+	// The requeued duplicate comes back, counted once, and replays.
+	d := next(t, ds)
+	res, s, err = p.Process(context.Background(), d)
+	if err != nil || s.Action != idemrabbit.Ack || !res.Replayed || s.Delivery != 2 {
+		t.Fatalf("redelivered duplicate: %+v, %+v, %v", res, s, err)
 	}
 }

@@ -30,7 +30,7 @@ func TestDoConcurrentDuplicates(t *testing.T) {
 	)
 	run := func(t *testing.T, name string, s idempotency.Store, pool *pgxpool.Pool) {
 		tx := pool != nil
-		opts := []idempotency.Option{idempotency.WithWait(10 * time.Second), idempotency.WithLease(5 * time.Second)}
+		opts := []idempotency.RunnerOption{idempotency.WithWait(10 * time.Second), idempotency.WithLease(5 * time.Second)}
 		if tx {
 			opts = append(opts, idempotency.WithTransaction(true))
 		}

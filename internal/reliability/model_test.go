@@ -62,7 +62,7 @@ const (
 // linOut is an operation's result.
 type linOut struct {
 	err       errKind
-	outcome   idempotency.Outcome
+	outcome   idempotency.AcquireOutcome
 	epoch     uint64
 	remaining time.Duration
 	body      string // the replayed payload, for Completed
