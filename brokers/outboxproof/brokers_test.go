@@ -20,6 +20,10 @@ import (
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
+// TestMain stops the private RabbitMQ node that the RabbitMQ proof's
+// broker outage starts.
+func TestMain(m *testing.M) { os.Exit(rabbittest.Main(m)) }
+
 // TestNATS runs the proof's scenarios on JetStream: every committed
 // message is in the stream exactly once.
 func TestNATS(t *testing.T) {
@@ -86,17 +90,28 @@ func natsBroker(t *testing.T) *broker {
 	}
 }
 
-// rabbitBroker is the local broker with a queue of the proof's own; with
-// stoppable, its application can be stopped (rabbitmqctl).
+// rabbitBroker is the broker at RABBITMQ_URL or on 127.0.0.1:5672 with a
+// queue of the proof's own; with stoppable, it is the test binary's
+// private node instead (rabbittest.PrivateNode), whose application is
+// stopped and started: no test stops a broker it did not start.
 func rabbitBroker(t *testing.T, stoppable bool) *broker {
-	url := rabbittest.URL(t)
-	queue := rabbittest.Queue(t)
+	var (
+		url, queue string
+		channel    func(testing.TB) *amqp.Channel
+		node       *rabbittest.Node
+	)
+	if stoppable {
+		node = rabbittest.PrivateNode(t)
+		url, queue, channel = node.URL(), node.Queue(t), node.Channel
+	} else {
+		url, queue, channel = rabbittest.URL(t), rabbittest.Queue(t), rabbittest.Channel
+	}
 	b := &broker{
 		name:  "RabbitMQ",
 		env:   []string{childBroker + "=rabbitmq", childURL + "=" + url},
 		topic: queue,
 		contents: func(t *testing.T) map[string][]string {
-			ch := rabbittest.Channel(t)
+			ch := channel(t)
 			n := rabbittest.Messages(t, ch, queue)
 			ds, err := ch.Consume(queue, "", false, false, false, false, nil)
 			if err != nil {
@@ -117,9 +132,8 @@ func rabbitBroker(t *testing.T, stoppable bool) *broker {
 			return got
 		},
 	}
-	if stoppable {
-		ctl := rabbittest.LocalBroker(t)
-		b.stop, b.start = ctl.Stop, ctl.Start
+	if node != nil {
+		b.stop, b.start = node.Stop, node.Start
 	}
 	return b
 }

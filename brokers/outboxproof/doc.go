@@ -14,6 +14,9 @@
 //
 // The tests start their own nats-server -js (natstest) and use the
 // RabbitMQ broker at RABBITMQ_URL or on 127.0.0.1:5672, in queues of their
-// own (rabbittest; stopping it needs rabbitmqctl), and PostgreSQL as the
-// library's tests do (a database of their own per test).
+// own (rabbittest); the RabbitMQ outage stops a node of the test binary's
+// own, started from the machine's RabbitMQ installation
+// (rabbittest.PrivateNode), never that broker. PostgreSQL is used as the
+// library's tests use it: a database of their own per test, whose
+// connections alone the tests kill.
 package outboxproof

@@ -474,8 +474,10 @@ func killClaimRound(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, '')`, outbox.Channel("idempotency_outbox")); err != nil {
 		return 0, err
 	}
+	// In this proof's database only: the relays of a proof running at the
+	// same time (another package's, another checkout's) are not ours.
 	const waiting = `SELECT pid FROM pg_stat_activity
-		WHERE application_name LIKE 'outboxproof-relay-%' AND wait_event_type = 'Lock'
+		WHERE datname = current_database() AND application_name LIKE 'outboxproof-relay-%' AND wait_event_type = 'Lock'
 			AND (query LIKE '%FOR UPDATE OF o SKIP LOCKED%' OR query LIKE '%claim_expired%')`
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
 		var pids []int32

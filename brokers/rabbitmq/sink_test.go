@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -15,9 +16,19 @@ import (
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
+// TestMain stops the private RabbitMQ node that TestBrokerStopped starts.
+func TestMain(m *testing.M) { os.Exit(rabbittest.Main(m)) }
+
 func newSink(t testing.TB, opts ...idemrabbit.SinkOption) *idemrabbit.Sink {
 	t.Helper()
-	s := idemrabbit.NewSink(rabbittest.URL(t), opts...)
+	return newSinkOn(t, rabbittest.URL(t), opts...)
+}
+
+// newSinkOn returns a sink publishing to the broker at url, closed when t
+// ends.
+func newSinkOn(t testing.TB, url string, opts ...idemrabbit.SinkOption) *idemrabbit.Sink {
+	t.Helper()
+	s := idemrabbit.NewSink(url, opts...)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
@@ -30,7 +41,12 @@ func envelope(id, topic, payload string) outbox.Envelope {
 // manual acks, on a channel of its own.
 func consume(t testing.TB, queue string) <-chan amqp.Delivery {
 	t.Helper()
-	ch := rabbittest.Channel(t)
+	return consumeOn(t, rabbittest.Channel(t), queue)
+}
+
+// consumeOn is consume on the channel ch.
+func consumeOn(t testing.TB, ch *amqp.Channel, queue string) <-chan amqp.Delivery {
+	t.Helper()
 	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +55,7 @@ func consume(t testing.TB, queue string) <-chan amqp.Delivery {
 }
 
 // next returns the next delivery of ds, failing t when none comes within
-// a few seconds.
+// 10s.
 func next(t testing.TB, ds <-chan amqp.Delivery) amqp.Delivery {
 	t.Helper()
 	select {
@@ -48,8 +64,8 @@ func next(t testing.TB, ds <-chan amqp.Delivery) amqp.Delivery {
 			t.Fatal("the consumer's channel closed")
 		}
 		return d
-	case <-time.After(5 * time.Second):
-		t.Fatal("no delivery within 5s")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery within 10s")
 	}
 	panic("unreachable")
 }
@@ -141,11 +157,12 @@ func TestConcurrentPublish(t *testing.T) {
 
 // TestBrokerStopped: while the broker is stopped Publish fails within its
 // timeout; once it is back the sink dials again, and the messages
-// confirmed before the stop are still in the queue.
+// confirmed before the stop are still in the queue. The broker stopped is
+// the test binary's private node, never the machine's.
 func TestBrokerStopped(t *testing.T) {
-	queue := rabbittest.Queue(t)
-	broker := rabbittest.LocalBroker(t)
-	sink := newSink(t, idemrabbit.WithTimeout(2*time.Second))
+	broker := rabbittest.PrivateNode(t)
+	queue := broker.Queue(t)
+	sink := newSinkOn(t, broker.URL(), idemrabbit.WithTimeout(2*time.Second))
 	if err := sink.Publish(context.Background(), envelope("k5/1", queue, "p")); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +181,7 @@ func TestBrokerStopped(t *testing.T) {
 	if err := sink.Publish(context.Background(), envelope("k5/3", queue, "p")); err != nil {
 		t.Fatal(err)
 	}
-	ds := consume(t, queue)
+	ds := consumeOn(t, broker.Channel(t), queue)
 	for _, want := range []string{"k5/1", "k5/3"} {
 		if d := next(t, ds); d.MessageId != want {
 			t.Fatalf("got %q, want %s", d.MessageId, want)

@@ -40,9 +40,13 @@ reads the whole table): pending, split into those due now and those waiting
 for a retry after a failed publish; claimed, with those whose claim ran out
 (their relay died or stalled: the next relay takes them back, an attempt
 counted); done; and dead. Then the earliest due message, with how long it
-has been due (the relays' lag) and since it was enqueued; and the claimed
-messages of each relay (claimed_by: relay.WithName). A due message may
-still wait for an earlier one of its ordering key.
+has been due (the relays' lag) and since it was enqueued; why the pending
+messages whose last attempt failed failed: their last errors, grouped by
+text (a message's own ID in it shown as <id>, so that one cause is one
+group), with how many messages each, the group of the most recently
+enqueued message first, at most 5 groups; and the claimed messages of
+each relay (claimed_by: relay.WithName). A due message may still wait for
+an earlier one of its ordering key.
 
 dead lists the dead messages, those whose last allowed attempt failed
 (relay.WithMaxAttempts), the earliest to die first, with their attempts and
@@ -288,6 +292,19 @@ oldest AS (
 	ORDER BY o.next_attempt_at, o.id
 	LIMIT 1
 ),
+failures AS (
+	SELECT replace(o.last_error, o.storage_key || '/' || o.seq, '<id>') AS error,
+		count(*) AS messages, max(o.id) AS latest
+	FROM {table} o
+	WHERE o.status = 'pending' AND o.last_error IS NOT NULL
+	GROUP BY 1
+),
+shown_failures AS (
+	SELECT f.error, f.messages, l.storage_key || '/' || l.seq AS latest_id, f.latest
+	FROM failures f JOIN {table} l ON l.id = f.latest
+	ORDER BY f.latest DESC
+	LIMIT ` + maxErrorGroups + `
+),
 relays AS (
 	SELECT coalesce(o.claimed_by, '') AS name, count(*) AS claimed,
 		count(*) FILTER (WHERE o.claim_until <= now.n) AS ran_out
@@ -299,8 +316,15 @@ SELECT now.n, c.due, c.waiting, c.claimed, c.ran_out, c.done, c.dead, c.total,
 	oldest.storage_key, oldest.seq, oldest.topic, oldest.attempts, oldest.enqueued_at, oldest.next_attempt_at,
 	coalesce((SELECT array_agg(r.name ORDER BY r.name) FROM relays r), '{}'),
 	coalesce((SELECT array_agg(r.claimed ORDER BY r.name) FROM relays r), '{}'),
-	coalesce((SELECT array_agg(r.ran_out ORDER BY r.name) FROM relays r), '{}')
+	coalesce((SELECT array_agg(r.ran_out ORDER BY r.name) FROM relays r), '{}'),
+	coalesce((SELECT array_agg(f.error ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
+	coalesce((SELECT array_agg(f.messages ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
+	coalesce((SELECT array_agg(f.latest_id ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
+	(SELECT count(*) FROM failures), coalesce((SELECT sum(f.messages) FROM failures f), 0)
 FROM now CROSS JOIN counts c LEFT JOIN oldest ON true`
+
+// maxErrorGroups bounds the groups of errors status shows.
+const maxErrorGroups = "5"
 
 // outboxStatus is what status found.
 type outboxStatus struct {
@@ -319,6 +343,13 @@ type outboxStatus struct {
 	Total         int64 `json:"total"`
 	// OldestDue is the earliest due pending message, nil when none is due.
 	OldestDue *oldestDue `json:"oldest_due"`
+	// Failures are the last errors of the pending messages whose last
+	// attempt failed, grouped, the group of the most recently enqueued
+	// message first; at most maxErrorGroups of FailureGroups groups, of
+	// FailedMessages messages in all.
+	Failures       []failureGroup `json:"failures"`
+	FailureGroups  int64          `json:"failure_groups"`
+	FailedMessages int64          `json:"failed_messages"`
 	// Relays are the relays holding claims, by name.
 	Relays []relayClaims `json:"relays"`
 }
@@ -332,6 +363,16 @@ type oldestDue struct {
 	NextAttemptAt time.Time `json:"next_attempt_at"`
 	AgeMS         int64     `json:"age_ms"`     // since enqueued
 	DueForMS      int64     `json:"due_for_ms"` // since due: the relays' lag
+}
+
+// failureGroup are the pending messages whose last attempt failed with one
+// error.
+type failureGroup struct {
+	// Error is their last_error, with each message's own ID as <id>.
+	Error    string `json:"error"`
+	Messages int64  `json:"messages"`
+	// LatestID is the group's most recently enqueued message.
+	LatestID string `json:"latest_id"`
 }
 
 // relayClaims are the claimed messages of one relay.
@@ -349,10 +390,13 @@ func (s *outboxStore) status(ctx context.Context) (*outboxStatus, error) {
 		enqueued, nextAttempt *time.Time
 		names                 []string
 		claimed, ranOut       []int64
+		errTexts, latestIDs   []string
+		errCounts             []int64
 	)
 	err := s.conn.QueryRow(ctx, s.sql(outboxStatusSQL)).Scan(&res.ServerTime,
 		&res.PendingDue, &res.PendingWaiting, &res.Claimed, &res.ClaimedRanOut, &res.Done, &res.Dead, &res.Total,
-		&key, &seq, &topic, &attempts, &enqueued, &nextAttempt, &names, &claimed, &ranOut)
+		&key, &seq, &topic, &attempts, &enqueued, &nextAttempt, &names, &claimed, &ranOut,
+		&errTexts, &errCounts, &latestIDs, &res.FailureGroups, &res.FailedMessages)
 	if err != nil {
 		return nil, err
 	}
@@ -370,6 +414,13 @@ func (s *outboxStore) status(ctx context.Context) (*outboxStatus, error) {
 	res.Relays = []relayClaims{}
 	for i, name := range names {
 		res.Relays = append(res.Relays, relayClaims{Relay: name, Claimed: claimed[i], RanOut: ranOut[i]})
+	}
+	if len(errCounts) != len(errTexts) || len(latestIDs) != len(errTexts) {
+		return nil, errors.New("the errors of the pending messages came back in arrays of different lengths")
+	}
+	res.Failures = []failureGroup{}
+	for i, text := range errTexts {
+		res.Failures = append(res.Failures, failureGroup{Error: text, Messages: errCounts[i], LatestID: latestIDs[i]})
 	}
 	return res, nil
 }
@@ -398,7 +449,11 @@ func (s *outboxStatus) writeText(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "\noldest due: none (no pending message is due)\n")
 	}
+	s.writeFailures(w)
 	if len(s.Relays) == 0 {
+		if len(s.Failures) > 0 {
+			fmt.Fprintln(w)
+		}
 		fmt.Fprintf(w, "relays: none holds a claim\n")
 		return
 	}
@@ -413,6 +468,32 @@ func (s *outboxStatus) writeText(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\n", name, r.Claimed, r.RanOut)
 	}
 	tw.Flush()
+}
+
+// writeFailures writes why the pending messages whose last attempt failed
+// failed, for people.
+func (s *outboxStatus) writeFailures(w io.Writer) {
+	if len(s.Failures) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\npending after a failed attempt: %s, by last error (the latest message's first)\n", messages(s.FailedMessages, ""))
+	tw := newTabWriter(w)
+	fmt.Fprintln(tw, "MESSAGES\tLAST ERROR")
+	for _, f := range s.Failures {
+		fmt.Fprintf(tw, "%d\t%s\n", f.Messages, safe(f.Error))
+	}
+	tw.Flush()
+	if more := s.FailureGroups - int64(len(s.Failures)); more > 0 {
+		var shown int64
+		for _, f := range s.Failures {
+			shown += f.Messages
+		}
+		others := fmt.Sprintf("%d other errors", more)
+		if more == 1 {
+			others = "1 other error"
+		}
+		fmt.Fprintf(w, "and %s with %s\n", messages(s.FailedMessages-shown, "more "), others)
+	}
 }
 
 // outboxDeadSQL reads the dead messages, the earliest to die first: $1 the

@@ -239,6 +239,76 @@ func TestOutboxStatus(t *testing.T) {
 	idemctl(t, map[string]string{"DATABASE_URL": f.url}, "outbox").want(t, exitOK).lines(t, [][]string{{"total", "10"}})
 }
 
+// TestOutboxStatusFailures: status shows why the pending messages whose
+// last attempt failed failed: their last errors grouped by text, with
+// each message's own ID in it as <id> (a sink's error names the message),
+// the group of the most recently enqueued message first, at most 5
+// groups; dead and done messages, and pending ones that never failed, are
+// not counted.
+func TestOutboxStatusFailures(t *testing.T) {
+	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
+	if r := f.run(t).want(t, exitOK); strings.Contains(r.stdout, "failed attempt") {
+		t.Errorf("an empty outbox shows failures:\n%s", r.stdout)
+	}
+
+	// The error a JetStream sink gives when no stream captures the
+	// subject, naming the message; kept as the relay keeps it.
+	noStream := func(id string) {
+		t.Helper()
+		key, seq, err := outbox.ParseID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_outbox
+			SET last_error = 'publish_failed: natsink: publishing ' || storage_key || '/' || seq || ' to payment.created: nats: no response from stream'
+			WHERE storage_key = $1 AND seq = $2`, key, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const grouped = "publish_failed: natsink: publishing <id> to payment.created: nats: no response from stream"
+	for _, due := range []time.Duration{time.Second, time.Minute, -time.Second} { // two waiting, one due again
+		noStream(f.add(t, msg{status: "pending", attempts: 1, due: due}))
+	}
+	f.add(t, msg{status: "pending", attempts: 3, due: time.Minute, lastError: ptr("publish_failed: nats: timeout")})
+	f.add(t, msg{status: "pending", due: -time.Second})                                                        // never failed
+	f.add(t, msg{status: "dead", attempts: 25, finished: time.Minute, lastError: ptr("publish_failed: dead")}) // dead: idemctl outbox dead
+	f.add(t, msg{status: "done", attempts: 2, finished: time.Minute, lastError: ptr("publish_failed: done")})
+
+	r := f.run(t).want(t, exitOK)
+	r.contains(t, "pending after a failed attempt: 4 messages, by last error")
+	r.lines(t, [][]string{{"MESSAGES", "LAST ERROR"}, {"3", grouped}, {"1", "publish_failed: nats: timeout"}})
+	if i, j := strings.Index(r.stdout, "nats: timeout"), strings.Index(r.stdout, grouped); i < 0 || j < 0 || i > j {
+		t.Errorf("the group of the latest message is not first:\n%s", r.stdout)
+	}
+	for _, other := range []string{"publish_failed: dead", "publish_failed: done", "other error"} {
+		if strings.Contains(r.stdout, other) {
+			t.Errorf("status shows %q:\n%s", other, r.stdout)
+		}
+	}
+
+	// A later message of the first group puts it first.
+	latest := f.add(t, msg{status: "pending", attempts: 1, due: time.Minute})
+	noStream(latest)
+	var res outboxStatus
+	f.run(t, "-json").want(t, exitOK).decode(t, &res)
+	want := []failureGroup{{grouped, 4, latest}, {"publish_failed: nats: timeout", 1, ""}}
+	if len(res.Failures) != 2 || res.Failures[0] != want[0] || res.Failures[1].Error != want[1].Error || res.Failures[1].Messages != 1 ||
+		res.FailureGroups != 2 || res.FailedMessages != 5 {
+		t.Errorf("status -json failures %+v (%d groups, %d messages), want %+v", res.Failures, res.FailureGroups, res.FailedMessages, want)
+	}
+
+	// At most 5 groups; the rest counted. Error text is shown escaped.
+	for i := range 5 {
+		f.add(t, msg{status: "pending", attempts: 1, due: time.Minute, lastError: ptr(fmt.Sprintf("publish_failed: cause %d\x1b[2J", i))})
+	}
+	r = f.run(t).want(t, exitOK)
+	checkShown(t, r.stdout)
+	r.contains(t, "pending after a failed attempt: 10 messages", `"publish_failed: cause 4\x1b[2J"`, "and 5 more messages with 2 other errors")
+	if strings.Contains(r.stdout, grouped) || !strings.Contains(r.stdout, "cause 0") {
+		t.Errorf("not the 5 latest groups:\n%s", r.stdout)
+	}
+}
+
 func TestOutboxDead(t *testing.T) {
 	f := newOutboxFixture(t, pgstore.DefaultOutboxTable)
 	first := f.add(t, msg{status: "dead", attempts: 25, finished: 3 * time.Hour, lastError: ptr("publish_failed: nats: no responders available for request")})

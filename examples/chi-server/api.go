@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -93,6 +94,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// serverError answers status, a 5xx, with the message public, and logs
+// why with err: the client learns that the call failed, the log what
+// failed. (The middleware logs its own 5xx answers: idempotency.WithLogger.)
+func (a *api) serverError(w http.ResponseWriter, r *http.Request, status int, public string, err error) {
+	a.logger.ErrorContext(r.Context(), public, "status", status, "method", r.Method, "path", r.URL.Path, "user", user(r), "error", err)
+	writeJSON(w, status, map[string]string{"error": public})
+}
+
 // readPayment decodes the request's payment, or answers 400.
 func readPayment(w http.ResponseWriter, r *http.Request) (payment, bool) {
 	var in struct {
@@ -106,21 +115,25 @@ func readPayment(w http.ResponseWriter, r *http.Request) (payment, bool) {
 	return payment{User: user(r), Amount: in.Amount, Currency: in.Currency}, true
 }
 
+// errProviderDown is the payment provider's failure that ?provider=down
+// stands for.
+var errProviderDown = errors.New("the payment provider did not answer (?provider=down)")
+
 // charge stands for the call to the payment provider. ?delay=3s makes it
 // slow (at most 10s), ?provider=down makes it fail. When it fails it
 // answers a 5xx, which releases the key (the client's retry runs again),
-// and returns false.
-func charge(w http.ResponseWriter, r *http.Request) bool {
+// logs why, and returns false.
+func (a *api) charge(w http.ResponseWriter, r *http.Request) bool {
 	if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil && d > 0 {
 		select {
 		case <-time.After(min(d, 10*time.Second)):
 		case <-r.Context().Done():
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "cancelled"})
+			a.serverError(w, r, http.StatusServiceUnavailable, "cancelled", context.Cause(r.Context()))
 			return false
 		}
 	}
 	if r.URL.Query().Get("provider") == "down" {
-		writeJSON(w, http.StatusBadGateway, map[string]string{"error": "payment provider unavailable"})
+		a.serverError(w, r, http.StatusBadGateway, "payment provider unavailable", errProviderDown)
 		return false
 	}
 	return true
@@ -129,7 +142,7 @@ func charge(w http.ResponseWriter, r *http.Request) bool {
 // createPayment makes a payment kept in memory.
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	p, ok := readPayment(w, r)
-	if !ok || !charge(w, r) {
+	if !ok || !a.charge(w, r) {
 		return
 	}
 	a.executed.Add(1)
@@ -156,7 +169,8 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 	info, _ := idempotency.FromContext(r.Context())
 	tx, ok := pgstore.TxFromContext(r.Context())
 	if !ok {
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "no transaction"})
+		a.serverError(w, r, http.StatusInternalServerError, "no transaction",
+			errors.New("the route has no transaction: its middleware needs idempotency.WithTransaction(true) on a pgstore.Store"))
 		return
 	}
 	var id int64
@@ -164,18 +178,16 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 		`INSERT INTO payments (user_name, idempotency_key, amount, currency) VALUES ($1, $2, $3, $4) RETURNING id, created`,
 		p.User, info.Key, p.Amount, p.Currency).Scan(&id, &p.Created)
 	if err != nil {
-		a.logger.Error("inserting a payment", "error", err)
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not recorded"})
+		a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("inserting a payment: %w", err))
 		return
 	}
-	if !charge(w, r) {
+	if !a.charge(w, r) {
 		return
 	}
 	p.ID, p.Created = paymentID(id), p.Created.UTC()
 	if a.events {
 		if err := enqueueCreated(r.Context(), p); err != nil {
-			a.logger.Error("enqueueing payment.created", "error", err)
-			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not recorded"})
+			a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("enqueueing payment.created: %w", err))
 			return
 		}
 	}
@@ -211,8 +223,7 @@ func paymentID(id int64) string { return "pay_" + strconv.FormatInt(id, 10) }
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 	p, found, err := a.lookup(r.Context(), chi.URLParam(r, "id"))
 	if err != nil {
-		a.logger.Error("reading a payment", "error", err)
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payment not readable"})
+		a.serverError(w, r, http.StatusInternalServerError, "payment not readable", fmt.Errorf("reading a payment: %w", err))
 		return
 	}
 	if !found || p.User != user(r) {
@@ -252,8 +263,7 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	n := a.executed.Load()
 	if a.db != nil {
 		if err := a.db.QueryRow(r.Context(), `SELECT count(*) FROM payments`).Scan(&n); err != nil {
-			a.logger.Error("counting payments", "error", err)
-			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "payments not countable"})
+			a.serverError(w, r, http.StatusInternalServerError, "payments not countable", fmt.Errorf("counting payments: %w", err))
 			return
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -30,6 +31,7 @@ type config struct {
 	name        string
 	listener    *pgx.ConnConfig
 	observer    func(context.Context, Event)
+	logger      *slog.Logger
 }
 
 func defaultConfig() config {
@@ -200,6 +202,21 @@ func WithObserver(fn func(ctx context.Context, e Event)) Option {
 		panic("relay: WithObserver: nil function")
 	}
 	return func(c *config) { c.observer = fn }
+}
+
+// WithLogger logs what goes wrong: a failed publish (Warn, with the
+// message's ID, topic, attempt and the sink's error, and the backoff
+// before the next attempt), a message gone dead (Error), a claim taken
+// back from a relay that died or stalled (Warn), a mark refused because
+// the claim had been taken back (Warn), and a statement that failed
+// (Error); the messages published and the purges at Debug. Each record
+// carries the relay's name. Log records carry message IDs (storage keys,
+// which are hashes) and errors, never payloads or headers. The observer
+// (WithObserver) gets the same events, and more.
+//
+// Default: none (nothing is logged).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
 // defaultName returns "<hostname>/<pid>/<random hex>".

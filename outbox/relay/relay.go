@@ -51,11 +51,28 @@ func New(pool *pgxpool.Pool, sink outbox.Sink, opts ...Option) *Relay {
 	if cfg.listener == nil {
 		cfg.listener = pool.Config().ConnConfig.Copy()
 	}
+	if cfg.logger != nil {
+		cfg.observer = logged(cfg.logger, cfg.observer)
+	}
 	return &Relay{pool: pool, sink: sink, cfg: cfg, sql: newStatements(cfg.table), random: rand.Float64}
 }
 
 // Name returns the relay's name (WithName).
 func (r *Relay) Name() string { return r.cfg.name }
+
+// RepublishAfter returns the longest time after which the relay can
+// publish again a message that the broker had stored, while the broker
+// answers and a relay runs: the claim lease plus the poll interval (a
+// relay died, or lost its database, between the broker's confirm and its
+// mark: the message is claimed again once the lease ran out), or the
+// backoff cap (a confirm that never arrived), whichever is longer. A
+// broker that drops the publications of an ID it stored within a window
+// (JetStream's Duplicates) stores each message once when the window is at
+// least this, plus the outages to ride out: check it at start, as
+// natsink.CheckDuplicates does.
+func (r *Relay) RepublishAfter() time.Duration {
+	return max(r.cfg.lease+r.cfg.poll, r.cfg.backoffMax)
+}
 
 // stateEvery is how often a busy relay takes back claims that ran out and
 // reads its lag; an idle one does both whenever it wakes.
@@ -85,11 +102,12 @@ const purgeEvery = time.Minute
 //     attempt), and report the lag.
 //
 // A statement that fails (the database is unreachable, a connection was
-// killed) is reported (EventError) and the relay goes on after a pause;
-// messages it had claimed are taken back after their lease. When ctx ends,
-// the publishes in flight run to their end (each bounded by its claim's
-// lease) and are marked, the messages of the batch not yet presented are
-// handed back, and Run returns. Run may be called again after it returned.
+// killed) is reported (EventError, and logged with WithLogger) and the
+// relay goes on after a pause; messages it had claimed are taken back
+// after their lease. When ctx ends, the publishes in flight run to their
+// end (each bounded by its claim's lease) and are marked, the messages of
+// the batch not yet presented are handed back, and Run returns. Run may be
+// called again after it returned.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	lctx, stopListening := context.WithCancel(ctx)

@@ -1,9 +1,11 @@
 // Package rabbittest gives tests a RabbitMQ broker: the one at
 // RABBITMQ_URL, or else the local one at DefaultURL (guest/guest), when it
 // answers. Each test works on queues of its own, under a random name, that
-// it deletes. A test without a broker is skipped with a message saying
-// so, unless IDEMPOTENCY_REQUIRE_RABBITMQ=1 (as CI sets it), which fails it
-// instead.
+// it deletes, and never stops or reconfigures that broker: a test that
+// stops the broker stops a node of the test binary's own (PrivateNode),
+// started from the machine's RabbitMQ installation. A test without a
+// broker is skipped with a message saying so, unless
+// IDEMPOTENCY_REQUIRE_RABBITMQ=1 (as CI sets it), which fails it instead.
 package rabbittest
 
 import (
@@ -12,8 +14,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,23 +78,14 @@ func redacted(s string) string {
 // Dial returns a connection to the broker, closed when t ends.
 func Dial(t testing.TB) *amqp.Connection {
 	t.Helper()
-	conn, err := amqp.Dial(URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	return dial(t, URL(t))
 }
 
 // Channel returns a channel on a connection of its own, closed when t
 // ends.
 func Channel(t testing.TB) *amqp.Channel {
 	t.Helper()
-	ch, err := Dial(t).Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
+	return channel(t, URL(t))
 }
 
 // Queue declares a durable queue of its own for t, under a random name,
@@ -102,17 +93,49 @@ func Channel(t testing.TB) *amqp.Channel {
 // goes even after the test's connections broke). It returns the name.
 func Queue(t testing.TB) string {
 	t.Helper()
+	return queue(t, URL(t), nil)
+}
+
+func dial(t testing.TB, url string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func channel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	ch, err := dial(t, url).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// queue declares a queue of t's own on the broker at url and deletes it
+// when t ends, after ready (when not nil) has made sure the broker runs.
+func queue(t testing.TB, url string, ready func() error) string {
+	t.Helper()
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)
 	}
 	name := QueuePrefix + hex.EncodeToString(b[:])
-	ch := Channel(t)
+	ch := channel(t, url)
 	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		conn, err := amqp.Dial(URL(t))
+		if ready != nil {
+			if err := ready(); err != nil {
+				t.Errorf("deleting queue %s: %v", name, err)
+				return
+			}
+		}
+		conn, err := amqp.Dial(url)
 		if err != nil {
 			t.Errorf("deleting queue %s: %v", name, err)
 			return
@@ -137,56 +160,4 @@ func Messages(t testing.TB, ch *amqp.Channel, queue string) int {
 		t.Fatal(err)
 	}
 	return q.Messages
-}
-
-// Broker stops and starts the local broker's application with rabbitmqctl
-// (stop_app, start_app: the node stays up, every connection is closed,
-// durable queues and persistent messages are kept). It needs rabbitmqctl
-// and the right to run it (root), and a broker on the loopback interface:
-// without them t is skipped, or failed under RequireEnv=1.
-type Broker struct{ ctl string }
-
-// LocalBroker returns the local broker's controls for t, which starts the
-// broker again when it ends, if it was left stopped. Call it after Queue:
-// cleanups run last first, and the queues are deleted once the broker is
-// back.
-func LocalBroker(t testing.TB) *Broker {
-	t.Helper()
-	URL(t)
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		ctl = "/usr/sbin/rabbitmqctl"
-	}
-	u, perr := url.Parse(BrokerURL())
-	local := perr == nil && (u.Hostname() == "127.0.0.1" || u.Hostname() == "localhost" || u.Hostname() == "::1")
-	if _, serr := os.Stat(ctl); serr != nil || !local {
-		msg := "stopping the broker needs rabbitmqctl and a broker on the loopback interface"
-		if os.Getenv(RequireEnv) == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	b := &Broker{ctl: ctl}
-	t.Cleanup(func() { _ = b.run("start_app") })
-	return b
-}
-
-// Stop stops the broker's application.
-func (b *Broker) Stop() error { return b.run("stop_app") }
-
-// Start starts the broker's application and returns once it accepts
-// connections.
-func (b *Broker) Start() error {
-	if err := b.run("start_app"); err != nil {
-		return err
-	}
-	return b.run("await_startup")
-}
-
-func (b *Broker) run(args ...string) error {
-	out, err := exec.Command(b.ctl, append([]string{"-q"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
 }
