@@ -6,25 +6,55 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// honoursDeadlines reports whether client stops a call at its context's
-// deadline: go-redis does so only with ContextTimeoutEnabled; without it a
-// stalled call waits out the client's ReadTimeout, and may be retried.
-func honoursDeadlines(client redis.UniversalClient) bool {
+// callClient returns the client the Store's calls go through, and whether
+// it stops a call at its context's deadline.
+//
+// go-redis stops a call at its context's deadline only with
+// ContextTimeoutEnabled; without it a stalled call waits out the client's
+// ReadTimeout (5s by default) and may be retried, so the Store must bound
+// it itself. A goroutine per call does (see bounded), at a price every
+// first execution pays: 1.28× the record floor's time at one client over
+// loopback HTTP with a default client, against 1.12× with
+// ContextTimeoutEnabled (BENCHMARKS.md). So for a *redis.Client (single
+// node, or Sentinel from redis.NewFailoverClient) the Store calls through
+// a clone made by its WithTimeout with its own read and write timeouts: a
+// clone that shares the client's connection pools and the hooks added to
+// it before New (tracing, metrics), with ContextTimeoutEnabled set on the
+// clone's own copy of the options. The client the caller gave stays as it
+// was. Cluster and Ring clients have no such clone: unless they have
+// ContextTimeoutEnabled, their calls with a deadline are bounded by a
+// goroutine each. A client whose timeouts are disabled (-2, which
+// disables the socket deadlines a context's deadline would go through)
+// is bounded that way too.
+func callClient(client redis.UniversalClient) (redis.UniversalClient, bool) {
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		opt := c.Options()
+		if opt.ReadTimeout < 0 || opt.WriteTimeout < 0 {
+			return c, false
+		}
+		if opt.ContextTimeoutEnabled {
+			return c, true
+		}
+		clone := c.WithTimeout(opt.ReadTimeout)
+		clone.Options().WriteTimeout = opt.WriteTimeout
+		clone.Options().ContextTimeoutEnabled = true
+		return clone, true
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		opt := c.Options()
+		return c, opt.ContextTimeoutEnabled && opt.ReadTimeout >= 0 && opt.WriteTimeout >= 0
 	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+		opt := c.Options()
+		return c, opt.ContextTimeoutEnabled && opt.ReadTimeout >= 0 && opt.WriteTimeout >= 0
 	}
-	return false
+	return client, false
 }
 
-// bounded runs call and returns by ctx's deadline: directly when the client
-// honours deadlines or ctx has none; otherwise call runs in a goroutine of
-// its own, and when the deadline comes first bounded returns ctx's error
-// while call ends in the background. Like any call that timed out, its
+// bounded runs call and returns by ctx's deadline: directly when the
+// Store's client honours deadlines (see callClient) or ctx has none;
+// otherwise call runs in a goroutine of its own, and when the deadline
+// comes first bounded returns ctx's error while call ends in the
+// background. Like any call that timed out, its
 // script may then have run or not; the lease token fences it either way.
 func (s *Store) bounded(ctx context.Context, call func(context.Context) ([]any, error)) ([]any, error) {
 	if _, ok := ctx.Deadline(); !ok || s.deadlines {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,4 +74,46 @@ func TestCallsReturnByTheirDeadline(t *testing.T) {
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
+}
+
+// countingHook counts the commands a client processes.
+type countingHook struct{ n atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestDefaultClientKeptAsGiven: a client without ContextTimeoutEnabled is
+// left as it was: the Store calls through a clone of its own that honours
+// deadlines, which go-redis's WithTimeout makes without the hooks added to
+// the client. A client with ContextTimeoutEnabled is used as it is, its
+// hooks seeing the Store's calls.
+func TestDefaultClientKeptAsGiven(t *testing.T) {
+	for _, honours := range []bool{false, true} {
+		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: honours})
+		defer c.Close()
+		hook := &countingHook{}
+		c.AddHook(hook)
+		s := newStore(t, c)
+		key := randKey()
+		mustAcquire(t, s, req(key, "t"), idempotency.Acquired)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := s.Complete(ctx, key, "t", sampleResponse(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if c.Options().ContextTimeoutEnabled != honours {
+			t.Fatalf("New changed the caller's ContextTimeoutEnabled from %v", honours)
+		}
+		if n := hook.n.Load(); honours != (n >= 2) {
+			t.Fatalf("ContextTimeoutEnabled %v: the caller's hook saw %d of the Store's commands", honours, n)
+		}
+	}
 }

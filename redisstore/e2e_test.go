@@ -197,7 +197,7 @@ func TestHTTPWaitModeOverPubSub(t *testing.T) {
 // TestHTTPRoundTrips counts Redis commands per HTTP request through the
 // middleware: first request 2, replay 1, conflict 1.
 func TestHTTPRoundTrips(t *testing.T) {
-	c := newClient(t)
+	c := hookedClient(t, redistest.Addr(t))
 	counter := &commandCounter{}
 	c.AddHook(counter)
 	s := newStore(t, c)

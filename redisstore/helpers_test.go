@@ -29,6 +29,18 @@ func clientFor(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
+// hookedClient returns a client to addr on which a Store runs its calls
+// through the client itself, so that the hooks added to it (command
+// counters, injected faults) see them: one with ContextTimeoutEnabled. A
+// default client's calls go through a clone without its hooks (see
+// TestDefaultClientKeptAsGiven).
+func hookedClient(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // newStore returns a Store over client with a prefix unique to the call,
 // closed when t ends.
 func newStore(t testing.TB, client redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {

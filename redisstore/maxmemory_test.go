@@ -50,7 +50,7 @@ func fillServer(t *testing.T, c *redis.Client) (lift func()) {
 // alone. Without the scripts' flags line (servers before Redis 7) complete
 // and extend are refused there, whatever the payload's size.
 func TestMaxmemoryEdges(t *testing.T) {
-	c := newClient(t)
+	c := hookedClient(t, redistest.Addr(t))
 	if !privateServer() {
 		t.Skip("changes maxmemory: needs a private server, not REDIS_ADDR")
 	}

@@ -15,7 +15,7 @@ import (
 // TestRoundTrips counts the commands each store operation sends: one
 // EVALSHA per edge, and a replay comes back in the acquire reply.
 func TestRoundTrips(t *testing.T) {
-	c := newClient(t)
+	c := hookedClient(t, redistest.Addr(t))
 	counter := &commandCounter{}
 	c.AddHook(counter)
 	s := newStore(t, c)
@@ -89,7 +89,7 @@ func TestRoundTrips(t *testing.T) {
 // neither waits for the server nor needs any permission beyond the
 // scripts'.
 func TestNewSendsNothing(t *testing.T) {
-	c := newClient(t)
+	c := hookedClient(t, redistest.Addr(t))
 	counter := &commandCounter{}
 	c.AddHook(counter)
 	s := redisstore.New(c, redisstore.WithPrefix(redistest.Prefix()))

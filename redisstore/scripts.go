@@ -175,10 +175,10 @@ func (s *Store) script(sc *flaggedScript) *redis.Script {
 // run, so running it again is safe.
 func (s *Store) run(ctx context.Context, sc *flaggedScript, keys []string, args ...any) ([]any, error) {
 	script := s.script(sc)
-	reply, err := script.Run(ctx, s.client, keys, args...).Slice()
+	reply, err := script.Run(ctx, s.calls, keys, args...).Slice()
 	if script == sc.flagged && flagsLineRefused(err) {
 		s.plainScripts.Store(true)
-		reply, err = sc.plain.Run(ctx, s.client, keys, args...).Slice()
+		reply, err = sc.plain.Run(ctx, s.calls, keys, args...).Slice()
 	}
 	return reply, err
 }

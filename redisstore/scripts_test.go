@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redistest"
 	"github.com/go-idempotency/idempotency/redisstore"
 	"github.com/go-idempotency/idempotency/storetest"
 	"github.com/redis/go-redis/v9"
@@ -144,7 +145,7 @@ func firstErr(a, b error) error {
 // the preRedis7 hook), a Store switches to the scripts without them, once,
 // and passes the conformance suite.
 func TestPreRedis7Fallback(t *testing.T) {
-	c := newClient(t)
+	c := hookedClient(t, redistest.Addr(t))
 	old := newPreRedis7()
 	c.AddHook(old)
 

@@ -19,7 +19,10 @@ import (
 // record, changed only by Lua scripts that run on the server. It is safe for
 // concurrent use. Create it with New and stop it with Close.
 type Store struct {
-	client redis.UniversalClient
+	client redis.UniversalClient // the caller's: pub/sub, topology
+	// calls is the client of the Store's scripts: client, or a clone of it
+	// that honours deadlines (see callClient).
+	calls  redis.UniversalClient
 	cfg    config
 	closed atomic.Bool
 	hub    *hub
@@ -52,7 +55,8 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		}
 		o(&cfg)
 	}
-	return &Store{client: client, cfg: cfg, hub: newHub(client), deadlines: honoursDeadlines(client)}
+	calls, deadlines := callClient(client)
+	return &Store{client: client, calls: calls, cfg: cfg, hub: newHub(client), deadlines: deadlines}
 }
 
 // Close stops the Store's shared pub/sub subscription and wakes every
@@ -120,7 +124,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		args = append(args, 1)
 	}
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return acquireScript.Run(ctx, s.client, []string{rkey}, args...).Slice()
+		return acquireScript.Run(ctx, s.calls, []string{rkey}, args...).Slice()
 	})
 	if err != nil {
 		s.reloadSlotMapAfter(err)

@@ -49,7 +49,7 @@ func exerciseStore(t *testing.T, s *redisstore.Store) {
 // script, and keeps working. Waiters resubscribe on the new connection.
 func TestRestartReloadsScripts(t *testing.T) {
 	srv := redistest.Start(t)
-	c := clientFor(t, srv.Addr())
+	c := hookedClient(t, srv.Addr())
 	counter := &commandCounter{}
 	c.AddHook(counter)
 	s := newStore(t, c)
@@ -121,7 +121,7 @@ func TestRestartWakesWaiters(t *testing.T) {
 func TestWAITWithReplica(t *testing.T) {
 	master := redistest.Start(t)
 	replica := redistest.StartReplica(t, master)
-	c := clientFor(t, master.Addr())
+	c := hookedClient(t, master.Addr())
 	var mu sync.Mutex
 	var reports []*redisstore.WAITError
 	onWAIT := redisstore.WithWAITErrorHandler(func(_ context.Context, err *redisstore.WAITError) {

@@ -21,7 +21,7 @@ func (s *Store) completeAndWait(ctx context.Context, sc *flaggedScript, rkey str
 			return nil, err
 		}
 	} else {
-		c, w = s.completeWAITPipeline(ctx, s.client, false, sc, rkey, args)
+		c, w = s.completeWAITPipeline(ctx, s.calls, false, sc, rkey, args)
 	}
 	reply, err := c.Slice()
 	if err != nil {

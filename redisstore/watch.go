@@ -67,7 +67,7 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 // deadline (see bounded).
 func (s *Store) mark(ctx context.Context, rkey string) error {
 	reply, err := s.bounded(ctx, func(ctx context.Context) ([]any, error) {
-		return watchScript.Run(ctx, s.client, []string{rkey}).Slice()
+		return watchScript.Run(ctx, s.calls, []string{rkey}).Slice()
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: watch %s: %w", rkey, err)

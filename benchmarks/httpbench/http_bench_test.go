@@ -48,6 +48,11 @@ const (
 // one, which the record-floor targets judge, and 64 on the machine's cores.
 var clientCounts = []int{1, 64}
 
+// redisClientCounts are those of the Redis comparisons, which also run
+// with 16 clients: the store's calls on a go-redis client at its defaults
+// beside one with ContextTimeoutEnabled (see redisstore's callClient).
+var redisClientCounts = []int{1, 16, 64}
+
 // A side is one server of a comparison and the client that drives it.
 type side struct {
 	name     string
@@ -151,11 +156,16 @@ type group struct {
 	sides   []*side
 }
 
-// groups returns a group per number of clients and work, whose sides
-// sidesOf gives, labelled after prefix.
+// groups returns a group per number of clients (clientCounts) and work,
+// whose sides sidesOf gives, labelled after prefix.
 func groups(prefix string, sidesOf func(work string) []*side, works ...string) []*group {
+	return groupsFor(clientCounts, prefix, sidesOf, works...)
+}
+
+// groupsFor is groups with the client counts counts.
+func groupsFor(counts []int, prefix string, sidesOf func(work string) []*side, works ...string) []*group {
 	var gs []*group
-	for _, clients := range clientCounts {
+	for _, clients := range counts {
 		for _, w := range works {
 			gs = append(gs, &group{label: fmt.Sprintf("%swork=%s/clients=%d", prefix, w, clients), work: w, clients: clients, sides: sidesOf(w)})
 		}
@@ -270,7 +280,7 @@ func BenchmarkHTTP(b *testing.B) {
 		mw := newSide(b, "mw", serve(b, idempotency.New(rs, idempotency.WithTTL(ttl))(load.Handler(payload))), true)
 		timeout := newSide(b, "timeout", serve(b, idempotency.New(ts, idempotency.WithTTL(ttl))(load.Handler(payload))), true)
 		floor := newSide(b, "floor", serve(b, load.RecordFloorHandler(c, prefix+"floor:", payload, ttl)), false)
-		measure(b, groups("", func(string) []*side { return []*side{floor, mw, timeout} }, "replay", "first"))
+		measure(b, groupsFor(redisClientCounts, "", func(string) []*side { return []*side{floor, mw, timeout} }, "replay", "first"))
 	})
 	b.Run("store=postgres", func(b *testing.B) {
 		pool := pgtest.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 32 })

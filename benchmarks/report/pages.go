@@ -22,6 +22,10 @@ var templates embed.FS
 const (
 	floorLimit = 1.25
 	flatLimit  = 0.10
+	// defaultLimit: on Redis, the middleware over a go-redis client at its
+	// default options within this of the same over one with
+	// ContextTimeoutEnabled.
+	defaultLimit = 1.05
 )
 
 // notMeasured is the cell of a row whose numbers the run lacks.
@@ -125,14 +129,33 @@ func values(d dirs) map[string]string {
 		}
 		// The reported ratios: <key>_<store>_<work>_<clients> is side a
 		// over side b.
-		for _, p := range [][3]string{{"bare", "mw", "bare"}, {"cached", "cached", "mw"}, {"timeout", "timeout", "floor"}, {"floorbare", "floor", "bare"}} {
-			for _, c := range []string{"1", "64"} {
+		for _, p := range [][3]string{{"bare", "mw", "bare"}, {"cached", "cached", "mw"}, {"timeout", "timeout", "floor"}, {"floorbare", "floor", "bare"}, {"mwfloor", "mw", "floor"}, {"default", "mw", "timeout"}} {
+			for _, c := range []string{"1", "16", "64"} {
 				if r, _, _, ok := of(http, sw+" "+c, p[1], p[2]); ok {
 					v[p[0]+"_"+name+"_"+c] = ratio(r)
 				}
 			}
 		}
 	}
+	// A go-redis client at its defaults against one with
+	// ContextTimeoutEnabled, at one client and at 64.
+	var def []string
+	met := true
+	for _, c := range []string{"1", "64"} {
+		var parts []string
+		for _, w := range []string{"replay", "first"} {
+			r, mw, to, ok := of(http, "redis "+w+" "+c, "mw", "timeout")
+			if !ok {
+				met = false
+				parts = append(parts, w+" not measured")
+				continue
+			}
+			met = met && r <= defaultLimit
+			parts = append(parts, fmt.Sprintf("%s %s (%s against %s)", strings.ReplaceAll(w, "first", "first execution"), ratio(r), micros(mw), micros(to)))
+		}
+		def = append(def, fmt.Sprintf("%s client%s: %s", c, map[bool]string{true: "s"}[c != "1"], strings.Join(parts, ", ")))
+	}
+	v["redis_default"] = strings.Join(def, "; ") + " | " + verdict(met)
 	peers := d.medians("peers.txt", "-row", "/stack,/work,/clients", "-col", "/side", "-ignore", "/round")
 	for _, row := range []string{"idempotency first", "idempotency replay", "fiber first", "fiber replay"} {
 		for _, c := range []string{"1", "64"} {
