@@ -19,6 +19,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/reliability"
 	"github.com/go-idempotency/idempotency/memstore"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
@@ -327,28 +328,112 @@ func TestEnqueueOutsideTransaction(t *testing.T) {
 	}
 }
 
-// TestEnqueueRefusesInvalidMessages: a message without a topic, or with
-// text PostgreSQL cannot hold, is refused with ErrInvalidMessage, and the
-// call's other messages are not enqueued either.
+// TestEnqueueRefusesInvalidMessages: a message that breaks the grammar
+// (see Message) is refused with ErrInvalidMessage, naming its index and the
+// rule, before any statement runs: the call's other messages are not
+// enqueued, and its transaction goes on (a valid Enqueue after it
+// commits).
 func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 	db := outboxtest.NewDB(t)
-	for i, m := range []outbox.Message{
-		{},
-		{Topic: "a\x00b"},
-		{Topic: "t", OrderingKey: "\xff"},
-		{Topic: "t", Headers: map[string]string{"k": "v\x00"}},
+	for i, c := range []struct {
+		m    outbox.Message
+		rule string
+	}{
+		{outbox.Message{}, "no topic"},
+		{outbox.Message{Topic: "a\x00b"}, "not visible ASCII"},
+		{outbox.Message{Topic: "payment created"}, "not visible ASCII"},
+		{outbox.Message{Topic: "payments.*"}, "wildcards"},
+		{outbox.Message{Topic: "t", OrderingKey: "\xff"}, "ordering key is not valid UTF-8"},
+		{outbox.Message{Topic: "t", Headers: map[string]string{"k": "v\x00"}}, "header k: the value holds CR, LF or NUL"},
+		{outbox.Message{Topic: "t", Headers: map[string]string{"Trace Parent": "v"}}, "header name"},
 	} {
-		_, err := db.TryEnqueue(ctx, fmt.Sprintf("bad-%d", i), outbox.Message{Topic: "fine"}, m)
-		if !errors.Is(err, outbox.ErrInvalidMessage) {
-			t.Errorf("message %+v: %v, want ErrInvalidMessage", m, err)
+		var refused error
+		res, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "bad", Key: fmt.Sprint("bad-", i)}, func(ctx context.Context) ([]string, error) {
+			_, refused = outbox.Enqueue(ctx, outbox.Message{Topic: "fine"}, c.m)
+			return outbox.Enqueue(ctx, outbox.Message{Topic: "after"})
+		})
+		if !errors.Is(refused, outbox.ErrInvalidMessage) || !strings.Contains(refused.Error(), "message 1: ") || !strings.Contains(refused.Error(), c.rule) {
+			t.Errorf("message %+v: %v, want ErrInvalidMessage naming message 1 and %q", c.m, refused, c.rule)
+		}
+		if err != nil || len(res.Value) != 1 || !strings.HasSuffix(res.Value[0], "/1") {
+			t.Errorf("the valid Enqueue after the refusal: %v, %v", res.Value, err)
 		}
 	}
 	if ids, err := db.TryEnqueue(ctx, "none"); err != nil || len(ids) != 0 {
 		t.Errorf("no messages: %v, %v", ids, err)
 	}
-	if st := db.Statuses(t); len(st) != 0 {
-		t.Errorf("rows written: %v", st)
+	if st := db.Statuses(t); len(st) != 1 || st[lifecycle.Ready] != 7 {
+		t.Errorf("rows written: %v, want the 7 valid ones", st)
 	}
+}
+
+// TestEnqueueScheduled: a message with a NotBefore later than the
+// database's clock is scheduled, due then; one with a NotBefore passed is
+// ready.
+func TestEnqueueScheduled(t *testing.T) {
+	db := outboxtest.NewDB(t)
+	at := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	ids := db.Enqueue(t, "k", outbox.Message{Topic: "later", NotBefore: at}, outbox.Message{Topic: "now", NotBefore: time.Now().Add(-time.Minute)})
+	for i, want := range []lifecycle.State{lifecycle.Scheduled, lifecycle.Ready} {
+		if row, _ := db.Row(t, ids[i]); row.Status != want {
+			t.Errorf("%s: %s, want %s", ids[i], row.Status, want)
+		}
+	}
+	var due time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT due_at FROM idempotency_outbox WHERE topic = 'later'`).Scan(&due); err != nil || !due.Equal(at) {
+		t.Errorf("due_at %v, %v; want %v", due, err, at)
+	}
+}
+
+// TestCancelInTransaction: Cancel in a transactional call cancels the
+// messages not finished, with the call's commit; a call that rolls back
+// cancels nothing; outside a transaction it is refused.
+func TestCancelInTransaction(t *testing.T) {
+	db := outboxtest.NewDB(t)
+	ids := db.Enqueue(t, "order", outbox.Message{Topic: "a"}, outbox.Message{Topic: "b"}, outbox.Message{Topic: "c"})
+	if _, err := db.Pool.Exec(ctx, `UPDATE idempotency_outbox SET status = 'done', finished_at = clock_timestamp() WHERE topic = 'c'`); err != nil {
+		t.Fatal(err)
+	}
+	declined := errors.New("declined")
+	_, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "rolled-back"}, func(ctx context.Context) (int, error) {
+		if _, err := outbox.Cancel(ctx, ids[0]); err != nil {
+			return 0, err
+		}
+		return 0, declined
+	})
+	if !errors.Is(err, declined) {
+		t.Fatal(err)
+	}
+	if row, _ := db.Row(t, ids[0]); row.Status != lifecycle.Ready {
+		t.Fatalf("a rolled-back cancel left %s %s", ids[0], row.Status)
+	}
+	res, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "committed"}, func(ctx context.Context) ([]string, error) {
+		return outbox.Cancel(ctx, ids...)
+	})
+	if err != nil || !slices.Equal(res.Value, ids[:2]) {
+		t.Fatalf("cancel: %v, %v; want %v (the done one left alone)", res.Value, err, ids[:2])
+	}
+	for i, want := range []lifecycle.State{lifecycle.Canceled, lifecycle.Canceled, lifecycle.Done} {
+		if row, _ := db.Row(t, ids[i]); row.Status != want || (want == lifecycle.Canceled && deref(row.LastError) != "canceled: by outbox.Cancel") {
+			t.Errorf("%s: %+v, want %s", ids[i], row, want)
+		}
+	}
+	if _, err := outbox.Cancel(ctx, ids[0]); !errors.Is(err, outbox.ErrNoTransaction) {
+		t.Errorf("outside a transaction: %v", err)
+	}
+	_, err = idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "invalid"}, func(ctx context.Context) ([]string, error) {
+		return outbox.Cancel(ctx, "not-an-id")
+	})
+	if !errors.Is(err, outbox.ErrInvalidID) {
+		t.Errorf("an invalid ID: %v", err)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }
 
 // TestSequenceContinues: a call that enqueues twice continues its

@@ -1,15 +1,26 @@
 package outbox
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 )
 
-// Message is a message a handler enqueues.
+// Message is a message a handler enqueues. Enqueue checks it against the
+// grammar below before it writes anything (see Validate), so that nothing
+// reaches the table that no sink could publish.
+//
+//   - Topic: 1 to MaxTopicLen bytes of visible ASCII (from '!' to '~'),
+//     without '*' or '>', and without an empty '.'-separated token (no
+//     leading, trailing or doubled dot): what a NATS subject and a
+//     RabbitMQ routing key both accept.
+//   - Header names: 1 to MaxHeaderNameLen bytes of RFC 9110 token
+//     characters (letters, digits and !#$%&'*+-.^_`|~).
+//   - Header values: valid UTF-8, without CR, LF or NUL.
+//   - Headers in all (names and values): at most MaxHeadersSize bytes.
+//   - OrderingKey: at most MaxOrderingKeyLen bytes of valid UTF-8 without
+//     NUL.
+//   - Payload: at most MaxPayloadSize bytes, any bytes.
 type Message struct {
 	// Topic is the subject (NATS) or routing key (RabbitMQ). Required.
 	Topic string
@@ -24,7 +35,17 @@ type Message struct {
 	// (a payment ID, an account). Default: the record's storage key, so
 	// that the messages of one request are published in the order it
 	// enqueued them.
+	//
+	// A message of a key is presented only once every earlier message of
+	// the key is finished (done, dead or canceled): one at a time, in
+	// enqueue order. An earlier message that is scheduled for later, or
+	// suspended, holds the later ones back until it is presented or
+	// canceled.
 	OrderingKey string
+	// NotBefore, when later than the database's clock at the enqueue,
+	// schedules the message: no relay presents it before that time (nor
+	// the later messages of its ordering key). The zero time: due at once.
+	NotBefore time.Time
 }
 
 // Envelope is a message as the relay hands it to a Sink.
@@ -39,61 +60,23 @@ type Envelope struct {
 	OrderingKey string
 	// Attempt counts the presentations of the message: 1 for the first.
 	// A failed publish and a claim that ran out (its relay died) each
-	// count one.
+	// count one; a suspension does not.
 	Attempt int
 	// EnqueuedAt is the server's clock when the handler enqueued the
 	// message, in the transaction that then committed it.
 	EnqueuedAt time.Time
 }
 
-// Sink publishes envelopes. Publish returns nil only once the broker
-// confirmed the message (JetStream's ack, RabbitMQ's publisher confirm);
-// any error means it may or may not have been published, and the relay
-// tries again later (at least once). Publish should return by ctx's
-// deadline, which ends before the relay's claim on the message runs out.
-// A relay with relay.WithConcurrency above 1 calls Publish from several
-// goroutines at once, each with a message of another ordering key.
-type Sink interface {
-	Publish(ctx context.Context, e Envelope) error
-}
-
-// SinkFunc is a function as a Sink.
-type SinkFunc func(ctx context.Context, e Envelope) error
-
-// Publish calls f.
-func (f SinkFunc) Publish(ctx context.Context, e Envelope) error { return f(ctx, e) }
-
-// The statuses of a message in the outbox table. A message is pending
-// until a relay claims it; a claimed message is done once its sink
-// confirmed it, back to pending (due after a backoff) when the publish
-// failed or the claim ran out, and dead when that happened for the last
-// allowed attempt. Done and dead are terminal: purged after the relay's
-// retention; an operator can requeue a dead message (idemctl outbox
-// requeue).
-const (
-	StatusPending = "pending"
-	StatusClaimed = "claimed"
-	StatusDone    = "done"
-	StatusDead    = "dead"
-)
-
 // ID returns the ID of the message at seq (from 1) among the messages of
 // the record with storage key storageKey: "<storage key>/<seq>".
-func ID(storageKey string, seq int) string { return storageKey + "/" + strconv.Itoa(seq) }
+func ID(storageKey string, seq int) string { return lifecycle.MessageID(storageKey, seq) }
 
-// ErrInvalidID is wrapped by the errors of ParseID.
-var ErrInvalidID = errors.New("outbox: invalid message ID")
+// ErrInvalidID is wrapped by the errors of ParseID (it is
+// lifecycle.ErrInvalidID).
+var ErrInvalidID = lifecycle.ErrInvalidID
 
 // ParseID splits a message ID made by ID into its storage key and
 // sequence. It returns an error wrapping ErrInvalidID for anything else.
 func ParseID(id string) (storageKey string, seq int, err error) {
-	i := strings.LastIndexByte(id, '/')
-	if i <= 0 {
-		return "", 0, fmt.Errorf("%w: %q is not <storage key>/<sequence>", ErrInvalidID, id)
-	}
-	seq, err = strconv.Atoi(id[i+1:])
-	if err != nil || seq < 1 || strconv.Itoa(seq) != id[i+1:] {
-		return "", 0, fmt.Errorf("%w: %q does not end in a sequence from 1", ErrInvalidID, id)
-	}
-	return id[:i], seq, nil
+	return lifecycle.ParseMessageID(id)
 }

@@ -67,12 +67,19 @@ func RelayObserver(opts ...Option) func(ctx context.Context, e relay.Event) {
 	}
 	m.claimed = counter("idempotency.outbox.claimed", "{message}", "Outbox messages the relay claimed.")
 	m.published = counter("idempotency.outbox.published", "{message}", "Outbox messages the sink confirmed and the relay marked done.")
-	m.retried = counter("idempotency.outbox.retried", "{message}", "Outbox messages whose publish failed, pending again after a backoff.")
+	m.retried = counter("idempotency.outbox.retried", "{message}", "Outbox messages whose publish failed, waiting for a retry after a backoff.")
 	m.dead = counter("idempotency.outbox.dead", "{message}", "Outbox messages dead after their last allowed attempt (a failed publish or a claim that ran out).")
-	m.reclaimed = counter("idempotency.outbox.reclaimed", "{message}", "Outbox messages taken back from a claim that ran out before its relay marked an outcome, pending again.")
-	m.fenced = counter("idempotency.outbox.fenced", "{message}", "Outbox messages whose mark changed nothing, their claim having been taken back meanwhile.")
-	m.purged = counter("idempotency.outbox.purged", "{message}", "Done and dead outbox messages deleted past the retention.")
-	m.errors = counter("idempotency.outbox.errors", "{error}", "Failed relay statements (claims, marks, purges); the relay carries on after a pause.")
+	m.reclaimed = counter("idempotency.outbox.reclaimed", "{message}", "Outbox messages taken back from a claim that ran out before its relay marked an outcome, waiting for a retry.")
+	m.fenced = counter("idempotency.outbox.fenced", "{message}", "Outbox messages whose mark changed nothing, the relay's claim having been lost meanwhile (taken back, or suspended by an operator).")
+	m.purged = counter("idempotency.outbox.purged", "{message}", "Finished outbox messages deleted past the retention.")
+	m.errors = counter("idempotency.outbox.errors", "{error}", "Failed relay statements (claims, marks, extends, purges); the relay carries on after a pause.")
+	m.extended = counter("idempotency.outbox.extended", "{message}", "Outbox messages whose claim the relay extended while its sink worked on them or they waited for their turn or their done mark.")
+	m.claimLost = counter("idempotency.outbox.claim_lost", "{message}", "Outbox messages whose claim the relay found lost before it marked an outcome (canceled, suspended, taken back, or not extended in time); their sink's context was cancelled.")
+	m.released = counter("idempotency.outbox.released", "{message}", "Claimed outbox messages handed back unpresented (the relay stopped, or too little of the claim was left).")
+	m.refused = counter("idempotency.outbox.refused", "{message}", "Outbox messages the sink refused permanently, dead at once.")
+	m.unreadable = counter("idempotency.outbox.unreadable", "{message}", "Outbox rows the relay could not read, set apart dead while their batch went on.")
+	m.suspended = counter("idempotency.outbox.suspended", "{message}", "Outbox messages the sink suspended until an operator resumes them.")
+	m.canceled = counter("idempotency.outbox.canceled", "{message}", "Outbox messages canceled while the relay presented them, their marks refused.")
 	m.duration, err = meter.Float64Histogram("idempotency.outbox.publish.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Time the sink took to confirm an outbox message that was then marked done."),
@@ -89,8 +96,10 @@ func RelayObserver(opts ...Option) func(ctx context.Context, e relay.Event) {
 type relayMetrics struct {
 	topic                                       func(string) string
 	lag                                         metric.Float64Gauge
-	claimed, purged, errors                     metric.Int64Counter
+	claimed, purged, errors, extended, released metric.Int64Counter
 	published, retried, dead, reclaimed, fenced metric.Int64Counter
+	claimLost, refused, unreadable              metric.Int64Counter
+	suspended, canceled                         metric.Int64Counter
 	duration, age                               metric.Float64Histogram
 }
 
@@ -127,6 +136,20 @@ func (m *relayMetrics) observe(ctx context.Context, e relay.Event) {
 		m.reclaimed.Add(ctx, 1, byTopic())
 	case relay.EventFenced:
 		m.fenced.Add(ctx, 1, byTopic())
+	case relay.EventExtended:
+		m.extended.Add(ctx, int64(max(e.Count, 0)), byRelay())
+	case relay.EventReleased:
+		m.released.Add(ctx, int64(max(e.Count, 0)), byRelay())
+	case relay.EventClaimLost:
+		m.claimLost.Add(ctx, 1, byTopic())
+	case relay.EventRefused:
+		m.refused.Add(ctx, 1, byTopic())
+	case relay.EventUnreadable:
+		m.unreadable.Add(ctx, 1, byTopic())
+	case relay.EventSuspended:
+		m.suspended.Add(ctx, 1, byTopic())
+	case relay.EventCanceled:
+		m.canceled.Add(ctx, 1, byTopic())
 	}
 }
 

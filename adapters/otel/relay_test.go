@@ -81,6 +81,13 @@ func TestRelayObserver(t *testing.T) {
 	expectPoints(t, reader, "idempotency.outbox.fenced", map[string]float64{byTopic("a", "orders.created"): 1})
 	expectPoints(t, reader, "idempotency.outbox.purged", map[string]float64{byRelay("b"): 1017})
 	expectPoints(t, reader, "idempotency.outbox.errors", map[string]float64{byRelay("a"): 1})
+	expectPoints(t, reader, "idempotency.outbox.extended", map[string]float64{byRelay("a"): 5})
+	expectPoints(t, reader, "idempotency.outbox.released", map[string]float64{byRelay("b"): 4})
+	expectPoints(t, reader, "idempotency.outbox.claim_lost", map[string]float64{byTopic("b", "orders.created"): 1})
+	expectPoints(t, reader, "idempotency.outbox.refused", map[string]float64{byTopic("a", "payments.captured"): 1})
+	expectPoints(t, reader, "idempotency.outbox.unreadable", map[string]float64{byTopic("b", "orders.created"): 1})
+	expectPoints(t, reader, "idempotency.outbox.suspended", map[string]float64{byTopic("a", "payments.captured"): 1})
+	expectPoints(t, reader, "idempotency.outbox.canceled", map[string]float64{byTopic("b", "orders.created"): 1})
 	// Only published messages are recorded, once each.
 	histograms := map[string]float64{
 		byTopic("a", "payments.captured"): 2,
@@ -127,6 +134,13 @@ func TestRelayObserver(t *testing.T) {
 		"idempotency.outbox.fenced":           {"{message}", metricdata.Sum[int64]{}},
 		"idempotency.outbox.purged":           {"{message}", metricdata.Sum[int64]{}},
 		"idempotency.outbox.errors":           {"{error}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.extended":         {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.released":         {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.claim_lost":       {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.refused":          {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.unreadable":       {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.suspended":        {"{message}", metricdata.Sum[int64]{}},
+		"idempotency.outbox.canceled":         {"{message}", metricdata.Sum[int64]{}},
 		"idempotency.outbox.publish.duration": {"s", metricdata.Histogram[float64]{}},
 		"idempotency.outbox.age":              {"s", metricdata.Histogram[float64]{}},
 	} {
@@ -142,18 +156,31 @@ func TestRelayObserver(t *testing.T) {
 			t.Errorf("%s: not a monotonic cumulative sum", name)
 		}
 	}
-	if len(all) != 11 {
-		t.Errorf("%d instruments, want 11", len(all))
+	if len(all) != 18 {
+		t.Errorf("%d instruments, want 18", len(all))
 	}
 
 	storageKey := idempotency.StorageKey("", "raw-key-relay")
 	for name, m := range all {
 		for _, v := range attributeValues(m) {
-			for _, secret := range []string{msgSecret, storageKey, "broker7secret", "10.0.0.7"} {
+			for _, secret := range []string{msgSecret, storageKey, "broker7secret", "10.0.0.7", "budget exhausted"} {
 				if strings.Contains(v, secret) {
 					t.Errorf("%s: attribute value %q carries %q", name, v, secret)
 				}
 			}
+		}
+	}
+}
+
+// TestRelayObserverCountsEveryKind: an event of each kind the relay
+// reports records on an instrument; a kind added without one fails here.
+func TestRelayObserverCountsEveryKind(t *testing.T) {
+	for _, kind := range relay.EventKinds() {
+		reader := sdkmetric.NewManualReader()
+		observe := idemotel.RelayObserver(idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+		observe(context.Background(), relay.Event{Kind: kind, Relay: "r", Topic: "t", Count: 1, Lag: time.Second, Duration: time.Second})
+		if len(collect(t, reader)) == 0 {
+			t.Errorf("an event of kind %s records nothing", kind)
 		}
 	}
 }

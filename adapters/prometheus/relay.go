@@ -76,14 +76,21 @@ func RelayObserver(reg prometheus.Registerer, opts ...Option) func(ctx context.C
 			Help:        "How long the earliest due outbox message has been waiting (0 when none is due), as the relay last read it.",
 			ConstLabels: cfg.constLabels,
 		}, byRelay),
-		claimed:   counter("outbox_claimed_total", "Outbox messages the relay claimed.", byRelay),
-		published: counter("outbox_published_total", "Outbox messages the sink confirmed and the relay marked done.", byTopic),
-		retried:   counter("outbox_retried_total", "Outbox messages whose publish failed, pending again after a backoff.", byTopic),
-		dead:      counter("outbox_dead_total", "Outbox messages dead after their last allowed attempt (a failed publish or a claim that ran out).", byTopic),
-		reclaimed: counter("outbox_reclaimed_total", "Outbox messages taken back from a claim that ran out before its relay marked an outcome, pending again.", byTopic),
-		fenced:    counter("outbox_fenced_total", "Outbox messages whose mark changed nothing, their claim having been taken back meanwhile.", byTopic),
-		purged:    counter("outbox_purged_total", "Done and dead outbox messages deleted past the retention.", byRelay),
-		errors:    counter("outbox_errors_total", "Failed relay statements (claims, marks, purges); the relay carries on after a pause.", byRelay),
+		claimed:    counter("outbox_claimed_total", "Outbox messages the relay claimed.", byRelay),
+		published:  counter("outbox_published_total", "Outbox messages the sink confirmed and the relay marked done.", byTopic),
+		retried:    counter("outbox_retried_total", "Outbox messages whose publish failed, waiting for a retry after a backoff.", byTopic),
+		dead:       counter("outbox_dead_total", "Outbox messages dead after their last allowed attempt (a failed publish or a claim that ran out).", byTopic),
+		reclaimed:  counter("outbox_reclaimed_total", "Outbox messages taken back from a claim that ran out before its relay marked an outcome, waiting for a retry.", byTopic),
+		fenced:     counter("outbox_fenced_total", "Outbox messages whose mark changed nothing, the relay's claim having been lost meanwhile (taken back, or suspended by an operator).", byTopic),
+		purged:     counter("outbox_purged_total", "Finished outbox messages deleted past the retention.", byRelay),
+		errors:     counter("outbox_errors_total", "Failed relay statements (claims, marks, extends, purges); the relay carries on after a pause.", byRelay),
+		extended:   counter("outbox_extended_total", "Outbox messages whose claim the relay extended while its sink worked on them or they waited for their turn or their done mark.", byRelay),
+		claimLost:  counter("outbox_claim_lost_total", "Outbox messages whose claim the relay found lost before it marked an outcome (canceled, suspended, taken back, or not extended in time); their sink's context was cancelled.", byTopic),
+		released:   counter("outbox_released_total", "Claimed outbox messages handed back unpresented (the relay stopped, or too little of the claim was left).", byRelay),
+		refused:    counter("outbox_refused_total", "Outbox messages the sink refused permanently, dead at once.", byTopic),
+		unreadable: counter("outbox_unreadable_total", "Outbox rows the relay could not read, set apart dead while their batch went on.", byTopic),
+		suspended:  counter("outbox_suspended_total", "Outbox messages the sink suspended until an operator resumes them.", byTopic),
+		canceled:   counter("outbox_canceled_total", "Outbox messages canceled while the relay presented them, their marks refused.", byTopic),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: cfg.namespace, Subsystem: subsystem, Name: "outbox_publish_duration_seconds",
 			Help:        "Time the sink took to confirm an outbox message that was then marked done.",
@@ -97,15 +104,18 @@ func RelayObserver(reg prometheus.Registerer, opts ...Option) func(ctx context.C
 			Buckets:     cfg.ageBuckets,
 		}, byTopic),
 	}
-	register(reg, "RelayObserver", m.lag, m.claimed, m.published, m.retried, m.dead, m.reclaimed, m.fenced, m.purged, m.errors, m.duration, m.age)
+	register(reg, "RelayObserver", m.lag, m.claimed, m.published, m.retried, m.dead, m.reclaimed, m.fenced, m.purged, m.errors,
+		m.extended, m.claimLost, m.released, m.refused, m.unreadable, m.suspended, m.canceled, m.duration, m.age)
 	return m.observe
 }
 
 type relayMetrics struct {
 	topic                                       func(string) string
 	lag                                         *prometheus.GaugeVec
-	claimed, purged, errors                     *prometheus.CounterVec
+	claimed, purged, errors, extended, released *prometheus.CounterVec
 	published, retried, dead, reclaimed, fenced *prometheus.CounterVec
+	claimLost, refused, unreadable              *prometheus.CounterVec
+	suspended, canceled                         *prometheus.CounterVec
 	duration, age                               *prometheus.HistogramVec
 }
 
@@ -135,6 +145,20 @@ func (m *relayMetrics) observe(_ context.Context, e relay.Event) {
 		m.reclaimed.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
 	case relay.EventFenced:
 		m.fenced.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
+	case relay.EventExtended:
+		m.extended.WithLabelValues(name).Add(float64(max(e.Count, 0)))
+	case relay.EventReleased:
+		m.released.WithLabelValues(name).Add(float64(max(e.Count, 0)))
+	case relay.EventClaimLost:
+		m.claimLost.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
+	case relay.EventRefused:
+		m.refused.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
+	case relay.EventUnreadable:
+		m.unreadable.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
+	case relay.EventSuspended:
+		m.suspended.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
+	case relay.EventCanceled:
+		m.canceled.WithLabelValues(name, m.topicLabel(e.Topic)).Inc()
 	}
 }
 

@@ -58,6 +58,13 @@ func TestRelayObserver(t *testing.T) {
 	expectSeries(t, reg, "idempotency_outbox_fenced_total", map[string]float64{"relay=a,topic=orders.created": 1})
 	expectSeries(t, reg, "idempotency_outbox_purged_total", map[string]float64{"relay=b": 1017})
 	expectSeries(t, reg, "idempotency_outbox_errors_total", map[string]float64{"relay=a": 1})
+	expectSeries(t, reg, "idempotency_outbox_extended_total", map[string]float64{"relay=a": 5})
+	expectSeries(t, reg, "idempotency_outbox_released_total", map[string]float64{"relay=b": 4})
+	expectSeries(t, reg, "idempotency_outbox_claim_lost_total", map[string]float64{"relay=b,topic=orders.created": 1})
+	expectSeries(t, reg, "idempotency_outbox_refused_total", map[string]float64{"relay=a,topic=payments.captured": 1})
+	expectSeries(t, reg, "idempotency_outbox_unreadable_total", map[string]float64{"relay=b,topic=orders.created": 1})
+	expectSeries(t, reg, "idempotency_outbox_suspended_total", map[string]float64{"relay=a,topic=payments.captured": 1})
+	expectSeries(t, reg, "idempotency_outbox_canceled_total", map[string]float64{"relay=b,topic=orders.created": 1})
 	// Only published messages are observed, once each.
 	histograms := map[string]float64{
 		"relay=a,topic=payments.captured": 2,
@@ -107,15 +114,15 @@ idempotency_outbox_lag_seconds{relay="b"} 0.25
 # TYPE idempotency_outbox_dead_total counter
 idempotency_outbox_dead_total{relay="a",topic="payments.captured"} 1
 idempotency_outbox_dead_total{relay="b",topic="orders.created"} 1
-# HELP idempotency_outbox_purged_total Done and dead outbox messages deleted past the retention.
+# HELP idempotency_outbox_purged_total Finished outbox messages deleted past the retention.
 # TYPE idempotency_outbox_purged_total counter
 idempotency_outbox_purged_total{relay="b"} 1017
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idempotency_outbox_lag_seconds", "idempotency_outbox_dead_total", "idempotency_outbox_purged_total"); err != nil {
 		t.Error(err)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2+2+3+1+2+1+1+1+1+3+3 {
-		t.Errorf("series: %d (%v), want 20", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 2+2+3+1+2+1+1+1+1+1+1+1+1+1+1+1+3+3 {
+		t.Errorf("series: %d (%v), want 27", n, err)
 	}
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
@@ -126,9 +133,33 @@ idempotency_outbox_purged_total{relay="b"} 1017
 	}
 
 	page := exposition(t, reg)
-	for _, s := range []string{msgSecret, idempotency.StorageKey("", "cust8841rawkey-relay"), "broker7secret", "10.0.0.7"} {
+	for _, s := range []string{msgSecret, idempotency.StorageKey("", "cust8841rawkey-relay"), "broker7secret", "10.0.0.7", "budget exhausted"} {
 		if strings.Contains(page, s) {
 			t.Errorf("the page carries %q:\n%s", s, page)
+		}
+	}
+}
+
+// TestRelayObserverCountsEveryKind: an event of each kind the relay
+// reports changes a metric; a kind added without a metric fails here.
+func TestRelayObserverCountsEveryKind(t *testing.T) {
+	for _, kind := range relay.EventKinds() {
+		reg := prometheus.NewRegistry()
+		idemprom.RelayObserver(reg)(context.Background(), relay.Event{Kind: kind, Relay: "r", Topic: "t", Count: 1, Lag: time.Second, Duration: time.Second})
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed := false
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if m.GetCounter().GetValue() > 0 || m.GetGauge().GetValue() > 0 || m.GetHistogram().GetSampleCount() > 0 {
+					changed = true
+				}
+			}
+		}
+		if !changed {
+			t.Errorf("an event of kind %s changes no metric", kind)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/childproc"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
@@ -265,7 +266,7 @@ func prove(t *testing.T, b *broker, sc scenario) counts {
 		if err := rows.Scan(&key, &seq, &payload, &status); err != nil {
 			t.Fatal(err)
 		}
-		if status != outbox.StatusDone {
+		if status != string(lifecycle.Done) {
 			t.Errorf("message %s/%d is %s", key, seq, status)
 		}
 		committed[outbox.ID(key, seq)] = payload
@@ -398,11 +399,12 @@ func waitFor(n *atomic.Int64, want int64) {
 	}
 }
 
-// drained reports whether every message of the outbox is done or dead.
+// drained reports whether every message of the outbox is finished (done,
+// dead or canceled).
 func drained(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()
 	var open int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_outbox WHERE status IN ('pending', 'claimed')`).Scan(&open); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_outbox WHERE status <> ALL ($1::text[])`, lifecycle.Terminal()).Scan(&open); err != nil {
 		t.Fatal(err)
 	}
 	return open == 0

@@ -38,7 +38,9 @@ var (
 //
 // The Sink dials the broker when it first publishes and again after the
 // connection closed; it publishes on up to WithChannels channels at once,
-// each with one message in flight. It is safe for concurrent use.
+// each with one message in flight for Publish, or a window of them for
+// PublishBatch (the Sink is an outbox.BatchSink too). It is safe for
+// concurrent use.
 type Sink struct {
 	url   string
 	cfg   sinkConfig
@@ -55,7 +57,7 @@ var _ outbox.Sink = (*Sink)(nil)
 // confirmedCh is a channel in confirm mode with its listeners.
 type confirmedCh struct {
 	ch      *amqp.Channel
-	returns chan amqp.Return // holds the return of the message in flight, if any
+	returns chan amqp.Return // holds the returns of the messages in flight, if any
 	closes  chan *amqp.Error // holds the reason the channel closed, if it did
 }
 
@@ -121,7 +123,11 @@ func (s *Sink) Publish(ctx context.Context, e outbox.Envelope) error {
 	// The broker sends a mandatory message's return before its confirm,
 	// and the client hands it to c.returns before it reads the confirm.
 	select {
-	case r := <-c.returns:
+	case r, ok := <-c.returns:
+		if !ok { // closed with the channel, after the confirm
+			s.discard(c)
+			return nil
+		}
 		s.idle <- c
 		return fmt.Errorf("%w: %s to exchange %q with routing key %q: %d %s", ErrUnroutable, r.MessageId, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
 	default:
@@ -175,9 +181,13 @@ func (s *Sink) open() (*confirmedCh, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("confirm mode: %w", err)
 	}
+	// The client hands returns over from the goroutine that reads the
+	// connection: a full buffer would stall every channel of the
+	// connection. PublishBatch has at most a window of messages in
+	// flight, and takes their returns as their confirms come.
 	return &confirmedCh{
 		ch:      ch,
-		returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
+		returns: ch.NotifyReturn(make(chan amqp.Return, DefaultWindow)),
 		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
 	}, nil
 }

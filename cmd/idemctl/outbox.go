@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/user"
 	"slices"
 	"strings"
 	"time"
@@ -14,16 +15,21 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
 var outboxCmd = &command{
 	name:    "outbox",
-	summary: "show the outbox's messages; list, requeue and purge dead ones",
+	summary: "show the outbox's messages by state; schedule, cancel, suspend, resume, requeue and purge them",
 	usage: `[status] [-postgres URL] [-table T] [-json]
        idemctl outbox dead [-topic T] [-limit N] [-json]
-       idemctl outbox requeue (MESSAGE-ID... | -all [-topic T]) [-json]
-       idemctl outbox purge (MESSAGE-ID... | -dead | -done) [-older D] [-topic T] [-batch N] [-json]`,
+       idemctl outbox schedule MESSAGE-ID... (-at TIME | -in DURATION) [-json]
+       idemctl outbox cancel MESSAGE-ID... [-reason TEXT] [-by NAME] [-json]
+       idemctl outbox suspend (MESSAGE-ID... | -topic T | -key K) [-reason TEXT] [-by NAME] [-json]
+       idemctl outbox resume (MESSAGE-ID... | -topic T | -key K | -all) [-json]
+       idemctl outbox requeue (MESSAGE-ID... | -all [-topic T] [-state S]) [-by NAME] [-json]
+       idemctl outbox purge (MESSAGE-ID... | -done | -dead | -canceled) [-older D] [-topic T] [-batch N] [-json]`,
 	help: `
 Shows and repairs the transactional outbox (package outbox): the messages
 that handlers on transactional routes enqueue into a PostgreSQL table with
@@ -35,53 +41,83 @@ key>/<sequence>" (the ID the sink was given, Envelope.ID): the storage key
 of the record that enqueued it, a slash, and its place among the record's
 messages, from 1.
 
-status (the default) counts the messages by status in one query (which
-reads the whole table): pending, split into those due now and those waiting
-for a retry after a failed publish; claimed, with those whose claim ran out
-(their relay died or stalled: the next relay takes them back, an attempt
-counted); done; and dead. Then the earliest due message, with how long it
-has been due (the relays' lag) and since it was enqueued; why the pending
-messages whose last attempt failed failed: their last errors, grouped by
-text (a message's own ID in it shown as <id>, so that one cause is one
-group), with how many messages each, the group of the most recently
-enqueued message first, at most 5 groups; and the claimed messages of
-each relay (claimed_by: relay.WithName). A due message may still wait for
-an earlier one of its ordering key.
+A message is a durable run (package outbox/lifecycle): scheduled (not due
+before its time), ready (due, waiting for a relay), claimed (a relay
+presents it), retry_wait (the sink failed; due again after a backoff),
+suspended (held by an operator or by its sink, until resumed); and then
+done, dead (out of attempts, refused by the sink, or unreadable) or
+canceled. Those last three are finished: nothing changes them but a
+requeue. One message of an ordering key is presented at a time, in
+enqueue order: an earlier message not finished, scheduled or suspended
+included, holds the later ones back.
 
-dead lists the dead messages, those whose last allowed attempt failed
-(relay.WithMaxAttempts), the earliest to die first, with their attempts and
-the error of the last one. -topic keeps one topic; output stops after
+status (the default) counts the messages of each state in one snapshot
+(reading the whole table): those due now, those scheduled for later or
+waiting for a retry's backoff, the claims that ran out (their relay died
+or stalled: the next relay takes them back, an attempt counted). Then the
+earliest due message, with how long it has been due (the relays' lag) and
+since it was enqueued; the last errors of the messages waiting for a
+retry, and of the dead ones, each grouped by text (a message's own ID in
+it shown as <id>, so that one cause is one group), with how many messages
+each, the group of the most recently enqueued message first, at most 5
+groups; the suspended messages by reason; and the claimed messages of
+each relay (claimed_by: relay.WithName).
+
+dead lists the dead messages, the earliest to die first, with their
+attempts and their last error. -topic keeps one topic; output stops after
 -limit messages (0: no limit). -json prints one JSON object per line.
 
-requeue makes dead messages pending again: due now, their attempts reset to
-0 (so they get the relays' whole WithMaxAttempts again), and it wakes the
-relays (pg_notify on the table's channel) in the same transaction. It keeps
-last_error and claimed_by, which say why and where the message last failed,
-until the next attempt overwrites them. Name the messages by ID, or give
--all for every dead one (with -topic: of that topic). Only a dead message is
-requeued: a pending, claimed or done one named is refused (exit status 4),
-an unknown ID is exit status 3, and then nothing changes. A requeued message
-is published before the later messages of its ordering key still pending
-(they wait for it), but after those already done. Fix the cause first, or
-the messages die again.
+schedule makes the named messages, scheduled, ready or waiting for a
+retry, fall due at -at (RFC 3339) or -in after the server's clock:
+scheduled until then.
 
-purge deletes done and dead messages, never a pending or claimed one: one
-named is refused (exit status 4; there is no -force), an unknown ID is exit
-status 3, and then nothing is deleted. -dead and -done (either or both)
-delete those that finished at least -older ago, which must be given (0:
-all), of one -topic if given, in transactions of -batch rows. The relays
-purge them after their retention (relay.WithRetention) already; purging
-sooner than the records' TTL lets a key used again, once its record
-expired, give a new message the ID of a purged one, which downstream
-deduplication may then drop.
+cancel cancels the named messages that are not finished, with last_error
+"canceled: by <-by> with idemctl[: <-reason>]". One a relay is presenting
+has its sink's context cancelled at the relay's next extend, and its done
+mark refused. Its later messages of the ordering key go on.
 
-requeue and purge print how many messages they changed, and the IDs of
-those requeued or named; -json prints an object with the action, the table,
-the count and the IDs (null for purge -dead and -done).`,
+suspend holds messages, scheduled, ready, waiting for a retry or claimed
+(its relay's marks are then refused), until resume: named ones, or every
+one of a -topic or an ordering -key. A suspension counts no attempt, and
+holds the later messages of its ordering key back. resume makes suspended
+messages ready and due now, or scheduled when their due time (a schedule,
+a retry's backoff) is later: named ones, those of a -topic or a -key, or
+-all (those a sink suspended, too).
+
+requeue makes finished messages (done, dead or canceled) ready again, due
+now, their attempts reset to 0 (so they get the relays' whole
+WithMaxAttempts again), and records it: the requeues counted, when, and
+-by whom (the OS user by default). Name them, or give -all for every one of
+-state (dead by default; with -topic: of that topic). It keeps last_error
+and claimed_by, which say why and where the message last failed, until
+the next attempt overwrites them. A requeued message is published before
+the later messages of its ordering key not finished (they wait for it),
+but after those already finished. Fix the cause first, or the messages
+die again.
+
+purge deletes finished messages (done, dead, canceled), never one not
+finished: named ones (all or none), or -done, -dead and -canceled (any of
+them) that finished at least -older ago, which must be given (0: all), of
+one -topic if given, in transactions of -batch rows. The relays purge them
+after their retention (relay.WithRetention) already; purging sooner than
+the records' TTL lets a key used again, once its record expired, give a
+new message the ID of a purged one, which downstream deduplication may
+then drop.
+
+Named messages are changed all or none: a message whose state the
+subcommand does not act on is refused (exit status 4), an unknown ID is
+exit status 3, and then nothing changes. schedule, cancel, resume and
+requeue wake the relays (pg_notify on the table's channel) in the same
+transaction. Each prints how many messages it changed, and their IDs;
+-json prints an object with the action, the table, the count, the IDs and
+the state each was left in (null for purge -done/-dead/-canceled).`,
 	examples: `  idemctl outbox -postgres "$DATABASE_URL"
   idemctl outbox status -postgres "$DATABASE_URL" -table billing.outbox -json
   idemctl outbox dead -postgres "$DATABASE_URL" -topic orders.created -limit 20
-  idemctl outbox requeue -postgres "$DATABASE_URL" 3f0c5a2be0f1cb0a2b5cf4c1d5b6f1e2a1c1f5d7e8e9f0a1b2c3d4e5f6a7b8c9/1
+  idemctl outbox suspend -postgres "$DATABASE_URL" -topic orders.created -reason "orders service down"
+  idemctl outbox resume -postgres "$DATABASE_URL" -topic orders.created
+  idemctl outbox schedule -postgres "$DATABASE_URL" -in 1h 3f0c5a2be0f1cb0a2b5cf4c1d5b6f1e2a1c1f5d7e8e9f0a1b2c3d4e5f6a7b8c9/1
+  idemctl outbox cancel -postgres "$DATABASE_URL" -reason "refunded by hand" 3f0c5a2be0f1cb0a2b5cf4c1d5b6f1e2a1c1f5d7e8e9f0a1b2c3d4e5f6a7b8c9/2
   idemctl outbox requeue -postgres "$DATABASE_URL" -all -topic orders.created
   idemctl outbox purge -postgres "$DATABASE_URL" -dead -older 72h`,
 	run: runOutbox,
@@ -120,44 +156,63 @@ func (f *outboxConn) connected(ctx context.Context, c *cli, cmd *command, fn fun
 		return c.fail(cmd, err)
 	}
 	defer b.close()
-	return fn(ctx, &outboxStore{b})
+	table, err := outbox.Table(b.table.String())
+	if err != nil {
+		return c.fail(cmd, err)
+	}
+	return fn(ctx, &outboxStore{b, table})
 }
 
 // outboxOptions are the subcommands' flags.
 type outboxOptions struct {
-	topic       string
-	limit       int
-	all         bool
-	dead, done  bool
-	older       time.Duration
-	batch       int
-	asJSON      bool
-	subcommand  string
-	ids         []string // as given, each once, valid
-	bulk        bool     // requeue -all, purge -dead or -done
-	purgeStates []string // purge: the statuses -dead and -done select
+	topic, key, state  string
+	reason, by         string
+	at                 string
+	in                 time.Duration
+	limit              int
+	all                bool
+	dead, done, cancel bool
+	older              time.Duration
+	batch              int
+	asJSON             bool
+	subcommand         string
+	ids                []string          // as given, each once, valid
+	bulk               bool              // not by IDs: -topic, -key, -all, purge -done/-dead/-canceled
+	states             []lifecycle.State // requeue -all, purge: the finished states selected
+	when               lifecycle.When    // schedule
 }
 
 // outboxFlags are the flags each subcommand takes besides the connection
 // and -json.
 var outboxFlags = map[string][]string{
-	"status":  nil,
-	"dead":    {"topic", "limit"},
-	"requeue": {"all", "topic"},
-	"purge":   {"dead", "done", "older", "topic", "batch"},
+	"status":   nil,
+	"dead":     {"topic", "limit"},
+	"schedule": {"at", "in"},
+	"cancel":   {"reason", "by"},
+	"suspend":  {"topic", "key", "reason", "by"},
+	"resume":   {"topic", "key", "all"},
+	"requeue":  {"all", "topic", "state", "by"},
+	"purge":    {"done", "dead", "canceled", "older", "topic", "batch"},
 }
 
 func runOutbox(ctx context.Context, c *cli, cmd *command, args []string) int {
 	var conn outboxConn
 	fs := newFlagSet(cmd, &conn)
 	var o outboxOptions
-	fs.StringVar(&o.topic, "topic", "", "dead, requeue -all, purge -dead/-done: only the messages of this `topic`")
+	fs.StringVar(&o.topic, "topic", "", "dead, suspend, resume, requeue -all, purge -done/-dead/-canceled: only the messages of this `topic`")
+	fs.StringVar(&o.key, "key", "", "suspend, resume: the messages of this ordering `key`")
+	fs.StringVar(&o.state, "state", "dead", "requeue -all: the finished `state` to requeue: dead, done or canceled")
+	fs.StringVar(&o.reason, "reason", "", "cancel, suspend: why, kept with the message (`text`)")
+	fs.StringVar(&o.by, "by", "", "cancel, suspend, requeue: who does it, recorded with the message (`name`; default: the OS user)")
+	fs.StringVar(&o.at, "at", "", "schedule: the `time` the messages fall due (RFC 3339)")
+	fs.DurationVar(&o.in, "in", 0, "schedule: fall due this `duration` after the server's clock")
 	fs.IntVar(&o.limit, "limit", 100, "dead: stop after `n` messages (0: no limit)")
-	fs.BoolVar(&o.all, "all", false, "requeue: every dead message (with -topic: of that topic)")
-	fs.BoolVar(&o.dead, "dead", false, "purge: the dead messages finished -older ago")
+	fs.BoolVar(&o.all, "all", false, "resume: every suspended message; requeue: every message of -state")
 	fs.BoolVar(&o.done, "done", false, "purge: the done messages finished -older ago")
-	fs.DurationVar(&o.older, "older", 0, "purge -dead/-done: only messages that finished at least this `duration` ago (required; 0: all)")
-	fs.IntVar(&o.batch, "batch", 1000, "purge -dead/-done: delete `n` rows per transaction")
+	fs.BoolVar(&o.dead, "dead", false, "purge: the dead messages finished -older ago")
+	fs.BoolVar(&o.cancel, "canceled", false, "purge: the canceled messages finished -older ago")
+	fs.DurationVar(&o.older, "older", 0, "purge -done/-dead/-canceled: only messages that finished at least this `duration` ago (required; 0: all)")
+	fs.IntVar(&o.batch, "batch", 1000, "purge -done/-dead/-canceled: delete `n` rows per transaction")
 	fs.BoolVar(&o.asJSON, "json", false, "print JSON (dead: one object per message and line)")
 	pos, status, ok := parse(c, cmd, fs, args)
 	if !ok {
@@ -166,27 +221,36 @@ func runOutbox(ctx context.Context, c *cli, cmd *command, args []string) int {
 	if err := o.check(fs, pos); err != nil {
 		return c.fail(cmd, err)
 	}
+	if o.by == "" {
+		o.by = osUser(c)
+	}
 	return conn.connected(ctx, c, cmd, func(ctx context.Context, s *outboxStore) int {
 		switch o.subcommand {
+		case "status":
+			return s.runStatus(ctx, c, cmd, o)
 		case "dead":
 			return s.runDead(ctx, c, cmd, o)
-		case "requeue", "purge":
-			return s.runChange(ctx, c, cmd, o)
 		}
-		res, err := s.status(ctx)
-		if err != nil {
-			return c.fail(cmd, err)
-		}
-		if o.asJSON {
-			return c.printJSON(cmd, res)
-		}
-		res.writeText(c.stdout)
-		return exitOK
+		return s.runChange(ctx, c, cmd, o)
 	})
 }
 
-// check sets o's subcommand and message IDs from the positional arguments
-// pos, and checks them and the flags of fs given against one another.
+// osUser returns the name of the user running idemctl, for -by.
+func osUser(c *cli) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	for _, v := range []string{"USER", "LOGNAME"} {
+		if name := c.getenv(v); name != "" {
+			return name
+		}
+	}
+	return "unknown"
+}
+
+// check sets o's subcommand, message IDs and selection from the
+// positional arguments pos, and checks them and the flags of fs given
+// against one another.
 func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 	o.subcommand = "status"
 	if len(pos) > 0 {
@@ -194,7 +258,7 @@ func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 	}
 	own, ok := outboxFlags[o.subcommand]
 	if !ok {
-		return usagef("unknown subcommand %q: want status, dead, requeue or purge", o.subcommand)
+		return usagef("unknown subcommand %q: want status, dead, schedule, cancel, suspend, resume, requeue or purge", o.subcommand)
 	}
 	set := map[string]bool{} // the flags given
 	var stray error
@@ -220,36 +284,9 @@ func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 			return usagef("-limit %d is negative", o.limit)
 		}
 		return nil
-	case "requeue":
-		o.bulk = o.all
-	case "purge":
-		o.bulk = o.dead || o.done
-		if o.done {
-			o.purgeStates = append(o.purgeStates, outbox.StatusDone)
-		}
-		if o.dead {
-			o.purgeStates = append(o.purgeStates, outbox.StatusDead)
-		}
 	}
-	bulkFlags, given := "-all", "-all"
-	if o.subcommand == "purge" {
-		bulkFlags, given = "-dead or -done", "-"+strings.Join(o.purgeStates, " -")
-	}
-	switch {
-	case o.bulk && len(pos) > 0:
-		return usagef("give message IDs or %s, not both", bulkFlags)
-	case !o.bulk && len(pos) == 0:
-		return usagef("name the messages: their IDs (<storage key>/<sequence>), or %s", bulkFlags)
-	case !o.bulk && o.topic != "":
-		return usagef("-topic goes with %s, not with message IDs", bulkFlags)
-	case o.subcommand == "purge" && !o.bulk && (set["older"] || set["batch"]):
-		return usagef("-older and -batch go with -dead or -done, not with message IDs")
-	case o.subcommand == "purge" && o.bulk && !set["older"]:
-		return usagef("purge %s needs -older D: only the messages that finished at least D ago (-older 0: all of them)", given)
-	case o.older < 0:
-		return usagef("-older %v is negative", o.older)
-	case o.batch < 1:
-		return usagef("-batch %d: want at least 1", o.batch)
+	if err := o.checkSelection(set, len(pos) > 0); err != nil {
+		return err
 	}
 	for _, id := range pos {
 		if _, _, err := outbox.ParseID(id); err != nil {
@@ -262,117 +299,163 @@ func (o *outboxOptions) check(fs *flag.FlagSet, pos []string) error {
 	return nil
 }
 
+// checkSelection checks how the subcommand's messages are selected:
+// named (byID), or by its bulk flags.
+func (o *outboxOptions) checkSelection(set map[string]bool, byID bool) error {
+	var bulkFlags string // what selects messages without IDs
+	switch o.subcommand {
+	case "schedule":
+		switch {
+		case set["at"] == set["in"]:
+			return usagef("give -at TIME or -in DURATION: when the messages fall due")
+		case set["at"]:
+			at, err := time.Parse(time.RFC3339, o.at)
+			if err != nil {
+				return usagef("-at %q is not an RFC 3339 time (2026-12-01T09:30:00Z): %v", o.at, err)
+			}
+			o.when.At = at
+		case o.in < 0:
+			return usagef("-in %v is negative", o.in)
+		default:
+			o.when.In = o.in
+		}
+	case "suspend":
+		bulkFlags, o.bulk = "-topic or -key", o.topic != "" || o.key != ""
+	case "resume":
+		bulkFlags, o.bulk = "-topic, -key or -all", o.topic != "" || o.key != "" || o.all
+		if o.all && (o.topic != "" || o.key != "") {
+			return usagef("-all resumes every suspended message: leave out -topic and -key")
+		}
+	case "requeue":
+		bulkFlags, o.bulk = "-all", o.all
+		st := lifecycle.State(o.state)
+		if !st.IsTerminal() {
+			return usagef("-state %q: want dead, done or canceled (a finished state)", o.state)
+		}
+		o.states = []lifecycle.State{st}
+		switch {
+		case !o.bulk && o.topic != "":
+			return usagef("-topic goes with -all, not with message IDs")
+		case !o.bulk && set["state"]:
+			return usagef("-state goes with -all, not with message IDs")
+		}
+	case "purge":
+		bulkFlags, o.bulk = "-done, -dead or -canceled", o.done || o.dead || o.cancel
+		o.states = nil
+		for _, s := range []struct {
+			on    bool
+			state lifecycle.State
+		}{{o.done, lifecycle.Done}, {o.dead, lifecycle.Dead}, {o.cancel, lifecycle.Canceled}} {
+			if s.on {
+				o.states = append(o.states, s.state)
+			}
+		}
+		switch {
+		case !o.bulk && o.topic != "":
+			return usagef("-topic goes with %s, not with message IDs", bulkFlags)
+		case !o.bulk && (set["older"] || set["batch"]):
+			return usagef("-older and -batch go with %s, not with message IDs", bulkFlags)
+		case o.bulk && !set["older"]:
+			return usagef("purge %s needs -older D: only the messages that finished at least D ago (-older 0: all of them)", o.given())
+		case o.older < 0:
+			return usagef("-older %v is negative", o.older)
+		case o.batch < 1:
+			return usagef("-batch %d: want at least 1", o.batch)
+		}
+	}
+	switch {
+	case o.bulk && byID:
+		return usagef("give message IDs or %s, not both", bulkFlags)
+	case !o.bulk && !byID && bulkFlags == "":
+		return usagef("name the messages: their IDs (<storage key>/<sequence>)")
+	case !o.bulk && !byID:
+		return usagef("name the messages: their IDs (<storage key>/<sequence>), or %s", bulkFlags)
+	}
+	return nil
+}
+
+// given returns purge's state flags as given: "-done -dead".
+func (o *outboxOptions) given() string {
+	var flags []string
+	for _, s := range o.states {
+		flags = append(flags, "-"+string(s))
+	}
+	return strings.Join(flags, " ")
+}
+
 // outboxStore works on the outbox table (see pgstore/outbox.sql) through a
-// pgBackend whose table is the outbox's.
-type outboxStore struct{ *pgBackend }
+// pgBackend whose table is the outbox's, with the edges and queries of
+// package outbox/lifecycle: no statement of idemctl's own.
+type outboxStore struct {
+	*pgBackend
+	t *lifecycle.Table
+}
 
-// channel is the table's LISTEN/NOTIFY channel, on which relays wait.
-func (s *outboxStore) channel() string { return outbox.Channel(s.table.Name()) }
-
-// outboxStatusSQL reads status's counts, the earliest due message and the
-// claims by relay in one statement, so from one snapshot and one reading of
-// the server's clock.
-const outboxStatusSQL = `
-WITH now AS MATERIALIZED (SELECT clock_timestamp() AS n),
-counts AS (
-	SELECT
-		count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now.n) AS due,
-		count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now.n) AS waiting,
-		count(*) FILTER (WHERE o.status = 'claimed') AS claimed,
-		count(*) FILTER (WHERE o.status = 'claimed' AND o.claim_until <= now.n) AS ran_out,
-		count(*) FILTER (WHERE o.status = 'done') AS done,
-		count(*) FILTER (WHERE o.status = 'dead') AS dead,
-		count(*) AS total
-	FROM {table} o, now
-),
-oldest AS (
-	SELECT o.storage_key, o.seq, o.topic, o.attempts, o.enqueued_at, o.next_attempt_at
-	FROM {table} o, now
-	WHERE o.status = 'pending' AND o.next_attempt_at <= now.n
-	ORDER BY o.next_attempt_at, o.id
-	LIMIT 1
-),
-failures AS (
-	SELECT replace(o.last_error, o.storage_key || '/' || o.seq, '<id>') AS error,
-		count(*) AS messages, max(o.id) AS latest
-	FROM {table} o
-	WHERE o.status = 'pending' AND o.last_error IS NOT NULL
-	GROUP BY 1
-),
-shown_failures AS (
-	SELECT f.error, f.messages, l.storage_key || '/' || l.seq AS latest_id, f.latest
-	FROM failures f JOIN {table} l ON l.id = f.latest
-	ORDER BY f.latest DESC
-	LIMIT ` + maxErrorGroups + `
-),
-relays AS (
-	SELECT coalesce(o.claimed_by, '') AS name, count(*) AS claimed,
-		count(*) FILTER (WHERE o.claim_until <= now.n) AS ran_out
-	FROM {table} o, now
-	WHERE o.status = 'claimed'
-	GROUP BY 1
-)
-SELECT now.n, c.due, c.waiting, c.claimed, c.ran_out, c.done, c.dead, c.total,
-	oldest.storage_key, oldest.seq, oldest.topic, oldest.attempts, oldest.enqueued_at, oldest.next_attempt_at,
-	coalesce((SELECT array_agg(r.name ORDER BY r.name) FROM relays r), '{}'),
-	coalesce((SELECT array_agg(r.claimed ORDER BY r.name) FROM relays r), '{}'),
-	coalesce((SELECT array_agg(r.ran_out ORDER BY r.name) FROM relays r), '{}'),
-	coalesce((SELECT array_agg(f.error ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
-	coalesce((SELECT array_agg(f.messages ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
-	coalesce((SELECT array_agg(f.latest_id ORDER BY f.latest DESC) FROM shown_failures f), '{}'),
-	(SELECT count(*) FROM failures), coalesce((SELECT sum(f.messages) FROM failures f), 0)
-FROM now CROSS JOIN counts c LEFT JOIN oldest ON true`
-
-// maxErrorGroups bounds the groups of errors status shows.
-const maxErrorGroups = "5"
+// maxErrorGroups bounds the groups of errors status shows of each state.
+const maxErrorGroups = 5
 
 // outboxStatus is what status found.
 type outboxStatus struct {
 	Store      string    `json:"store"`
 	Table      string    `json:"table"`
 	ServerTime time.Time `json:"server_time"`
-	Pending    int64     `json:"pending"`
-	// PendingDue are due now, PendingWaiting wait for a retry.
-	PendingDue     int64 `json:"pending_due"`
-	PendingWaiting int64 `json:"pending_waiting"`
-	Claimed        int64 `json:"claimed"`
+	// States counts the messages of every state.
+	States map[lifecycle.State]int64 `json:"states"`
+	// Due are the messages due now (scheduled, ready or waiting for a
+	// retry, their due time passed); ScheduledLater and RetryWaiting the
+	// scheduled ones and those waiting for a retry that are not due yet.
+	Due            int64 `json:"due"`
+	ScheduledLater int64 `json:"scheduled_later"`
+	RetryWaiting   int64 `json:"retry_waiting"`
 	// ClaimedRanOut are claimed with a claim that ran out.
 	ClaimedRanOut int64 `json:"claimed_ran_out"`
-	Done          int64 `json:"done"`
-	Dead          int64 `json:"dead"`
-	Total         int64 `json:"total"`
-	// OldestDue is the earliest due pending message, nil when none is due.
+	// Requeued are the messages an operator requeued at least once.
+	Requeued int64 `json:"requeued"`
+	Total    int64 `json:"total"`
+	// OldestDue is the earliest due message, nil when none is due.
 	OldestDue *oldestDue `json:"oldest_due"`
-	// Failures are the last errors of the pending messages whose last
-	// attempt failed, grouped, the group of the most recently enqueued
-	// message first; at most maxErrorGroups of FailureGroups groups, of
-	// FailedMessages messages in all.
-	Failures       []failureGroup `json:"failures"`
-	FailureGroups  int64          `json:"failure_groups"`
-	FailedMessages int64          `json:"failed_messages"`
+	// Failures are the last errors of the messages waiting for a retry,
+	// grouped, the group of the most recently enqueued message first; at
+	// most maxErrorGroups of FailureGroups groups, of FailedMessages
+	// messages in all. DeadErrors are the dead messages', alike.
+	Failures        []failureGroup `json:"failures"`
+	FailureGroups   int64          `json:"failure_groups"`
+	FailedMessages  int64          `json:"failed_messages"`
+	DeadErrors      []failureGroup `json:"dead_errors"`
+	DeadErrorGroups int64          `json:"dead_error_groups"`
+	DeadMessages    int64          `json:"dead_messages"`
+	// Suspended are the suspended messages by reason.
+	Suspended []suspendedReason `json:"suspended"`
 	// Relays are the relays holding claims, by name.
 	Relays []relayClaims `json:"relays"`
 }
 
-// oldestDue is the pending message that has been due the longest.
+// oldestDue is the message that has been due the longest.
 type oldestDue struct {
-	ID            string    `json:"id"`
-	Topic         string    `json:"topic"`
-	Attempts      int       `json:"attempts"`
-	EnqueuedAt    time.Time `json:"enqueued_at"`
-	NextAttemptAt time.Time `json:"next_attempt_at"`
-	AgeMS         int64     `json:"age_ms"`     // since enqueued
-	DueForMS      int64     `json:"due_for_ms"` // since due: the relays' lag
+	ID         string          `json:"id"`
+	State      lifecycle.State `json:"state"`
+	Topic      string          `json:"topic"`
+	Attempts   int             `json:"attempts"`
+	EnqueuedAt time.Time       `json:"enqueued_at"`
+	DueAt      time.Time       `json:"due_at"`
+	AgeMS      int64           `json:"age_ms"`     // since enqueued
+	DueForMS   int64           `json:"due_for_ms"` // since due: the relays' lag
 }
 
-// failureGroup are the pending messages whose last attempt failed with one
-// error.
+// failureGroup are the messages of one state whose last error is one
+// text.
 type failureGroup struct {
 	// Error is their last_error, with each message's own ID as <id>.
 	Error    string `json:"error"`
 	Messages int64  `json:"messages"`
 	// LatestID is the group's most recently enqueued message.
 	LatestID string `json:"latest_id"`
+}
+
+// suspendedReason are the messages suspended for one reason.
+type suspendedReason struct {
+	Reason   string `json:"reason"`
+	Messages int64  `json:"messages"`
 }
 
 // relayClaims are the claimed messages of one relay.
@@ -382,45 +465,62 @@ type relayClaims struct {
 	RanOut  int64  `json:"ran_out"` // of them, with a claim that ran out
 }
 
+func (s *outboxStore) runStatus(ctx context.Context, c *cli, cmd *command, o outboxOptions) int {
+	res, err := s.status(ctx)
+	if err != nil {
+		return c.fail(cmd, err)
+	}
+	if o.asJSON {
+		return c.printJSON(cmd, res)
+	}
+	res.writeText(c.stdout)
+	return exitOK
+}
+
+// status reads the table's status in one snapshot (a read-only,
+// repeatable-read transaction).
 func (s *outboxStore) status(ctx context.Context) (*outboxStatus, error) {
-	res := &outboxStatus{Store: s.where, Table: s.table.String()}
-	var (
-		key, topic            *string
-		seq, attempts         *int32
-		enqueued, nextAttempt *time.Time
-		names                 []string
-		claimed, ranOut       []int64
-		errTexts, latestIDs   []string
-		errCounts             []int64
-	)
-	err := s.conn.QueryRow(ctx, s.sql(outboxStatusSQL)).Scan(&res.ServerTime,
-		&res.PendingDue, &res.PendingWaiting, &res.Claimed, &res.ClaimedRanOut, &res.Done, &res.Dead, &res.Total,
-		&key, &seq, &topic, &attempts, &enqueued, &nextAttempt, &names, &claimed, &ranOut,
-		&errTexts, &errCounts, &latestIDs, &res.FailureGroups, &res.FailedMessages)
+	tx, err := s.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
 	}
-	res.Pending = res.PendingDue + res.PendingWaiting
-	if key != nil && seq != nil && topic != nil && attempts != nil && enqueued != nil && nextAttempt != nil {
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	st, err := s.t.Status(ctx, tx, maxErrorGroups)
+	if err != nil {
+		return nil, err
+	}
+	res := &outboxStatus{
+		Store: s.where, Table: s.table.String(), ServerTime: st.Now, States: st.Counts,
+		ClaimedRanOut: st.RanOut, Requeued: st.Requeued, Total: st.Total,
+		ScheduledLater: st.Counts[lifecycle.Scheduled] - st.Due[lifecycle.Scheduled],
+		RetryWaiting:   st.Counts[lifecycle.RetryWait] - st.Due[lifecycle.RetryWait],
+	}
+	for _, n := range st.Due {
+		res.Due += n
+	}
+	if o := st.Oldest; o != nil {
 		res.OldestDue = &oldestDue{
-			ID: outbox.ID(*key, int(*seq)), Topic: *topic, Attempts: int(*attempts),
-			EnqueuedAt: *enqueued, NextAttemptAt: *nextAttempt,
-			AgeMS: res.ServerTime.Sub(*enqueued).Milliseconds(), DueForMS: res.ServerTime.Sub(*nextAttempt).Milliseconds(),
+			ID: o.ID, State: o.State, Topic: o.Topic, Attempts: o.Attempts, EnqueuedAt: o.EnqueuedAt, DueAt: o.DueAt,
+			AgeMS: st.Now.Sub(o.EnqueuedAt).Milliseconds(), DueForMS: st.Now.Sub(o.DueAt).Milliseconds(),
 		}
 	}
-	if len(claimed) != len(names) || len(ranOut) != len(names) {
-		return nil, errors.New("the claims by relay came back in arrays of different lengths")
+	groups := func(g lifecycle.ErrorGroups) []failureGroup {
+		out := []failureGroup{}
+		for _, e := range g.Shown {
+			out = append(out, failureGroup{Error: e.Error, Messages: e.Messages, LatestID: e.LatestID})
+		}
+		return out
+	}
+	retry, dead := st.Errors[lifecycle.RetryWait], st.Errors[lifecycle.Dead]
+	res.Failures, res.FailureGroups, res.FailedMessages = groups(retry), retry.Groups, retry.Messages
+	res.DeadErrors, res.DeadErrorGroups, res.DeadMessages = groups(dead), dead.Groups, dead.Messages
+	res.Suspended = []suspendedReason{}
+	for _, r := range st.Suspended {
+		res.Suspended = append(res.Suspended, suspendedReason{Reason: r.Reason, Messages: r.Messages})
 	}
 	res.Relays = []relayClaims{}
-	for i, name := range names {
-		res.Relays = append(res.Relays, relayClaims{Relay: name, Claimed: claimed[i], RanOut: ranOut[i]})
-	}
-	if len(errCounts) != len(errTexts) || len(latestIDs) != len(errTexts) {
-		return nil, errors.New("the errors of the pending messages came back in arrays of different lengths")
-	}
-	res.Failures = []failureGroup{}
-	for i, text := range errTexts {
-		res.Failures = append(res.Failures, failureGroup{Error: text, Messages: errCounts[i], LatestID: latestIDs[i]})
+	for _, r := range st.Relays {
+		res.Relays = append(res.Relays, relayClaims{Relay: r.Relay, Claimed: r.Claimed, RanOut: r.RanOut})
 	}
 	return res, nil
 }
@@ -429,32 +529,51 @@ func (s *outboxStore) status(ctx context.Context) (*outboxStatus, error) {
 func (s *outboxStatus) writeText(w io.Writer) {
 	fmt.Fprintf(w, "%s, table %s: %s\n\n", s.Store, s.Table, messages(s.Total, ""))
 	tw := newTabWriter(w)
-	fmt.Fprintln(tw, "STATUS\tMESSAGES\tDETAIL")
-	fmt.Fprintf(tw, "pending\t%d\t%d due now, %d waiting for a retry\n", s.Pending, s.PendingDue, s.PendingWaiting)
-	fmt.Fprintf(tw, "claimed\t%d\t%d with a claim that ran out\n", s.Claimed, s.ClaimedRanOut)
-	fmt.Fprintf(tw, "done\t%d\tpublished\n", s.Done)
-	dead := "out of attempts"
-	if s.Dead > 0 {
+	fmt.Fprintln(tw, "STATE\tMESSAGES\tDETAIL")
+	n := func(st lifecycle.State) int64 { return s.States[st] }
+	fmt.Fprintf(tw, "%s\t%d\t%d due now, %d later\n", lifecycle.Scheduled, n(lifecycle.Scheduled), n(lifecycle.Scheduled)-s.ScheduledLater, s.ScheduledLater)
+	fmt.Fprintf(tw, "%s\t%d\tdue, waiting for a relay\n", lifecycle.Ready, n(lifecycle.Ready))
+	fmt.Fprintf(tw, "%s\t%d\t%d with a claim that ran out\n", lifecycle.Claimed, n(lifecycle.Claimed), s.ClaimedRanOut)
+	fmt.Fprintf(tw, "%s\t%d\t%d due again, %d waiting for their backoff\n", lifecycle.RetryWait, n(lifecycle.RetryWait), n(lifecycle.RetryWait)-s.RetryWaiting, s.RetryWaiting)
+	fmt.Fprintf(tw, "%s\t%d\theld until resumed\n", lifecycle.Suspended, n(lifecycle.Suspended))
+	fmt.Fprintf(tw, "%s\t%d\tpublished\n", lifecycle.Done, n(lifecycle.Done))
+	dead := "out of attempts, refused or unreadable"
+	if n(lifecycle.Dead) > 0 {
 		dead += ": idemctl outbox dead lists them"
 	}
-	fmt.Fprintf(tw, "dead\t%d\t%s\n", s.Dead, dead)
+	fmt.Fprintf(tw, "%s\t%d\t%s\n", lifecycle.Dead, n(lifecycle.Dead), dead)
+	fmt.Fprintf(tw, "%s\t%d\tby an application or an operator\n", lifecycle.Canceled, n(lifecycle.Canceled))
 	// The last line: a line of two cells among lines of three would end
 	// the block of lines whose columns are aligned.
 	fmt.Fprintf(tw, "total\t%d\n", s.Total)
 	tw.Flush()
+	if s.Requeued > 0 {
+		fmt.Fprintf(w, "requeued by an operator at least once: %s\n", messages(s.Requeued, ""))
+	}
 	if o := s.OldestDue; o != nil {
 		fmt.Fprintf(w, "\noldest due: %s (topic %s, %d attempts so far): due for %s, enqueued %s ago\n",
 			safe(o.ID), safe(o.Topic), o.Attempts, human(time.Duration(o.DueForMS)*time.Millisecond),
 			human(time.Duration(o.AgeMS)*time.Millisecond))
 	} else {
-		fmt.Fprintf(w, "\noldest due: none (no pending message is due)\n")
+		fmt.Fprintf(w, "\noldest due: none (no message is due)\n")
 	}
-	s.writeFailures(w)
-	if len(s.Relays) == 0 {
-		if len(s.Failures) > 0 {
-			fmt.Fprintln(w)
+	writeGroups(w, "waiting for a retry", s.Failures, s.FailureGroups, s.FailedMessages)
+	writeGroups(w, "dead", s.DeadErrors, s.DeadErrorGroups, s.DeadMessages)
+	if len(s.Suspended) > 0 {
+		fmt.Fprintln(w)
+		tw = newTabWriter(w)
+		fmt.Fprintln(tw, "SUSPENDED\tREASON")
+		for _, r := range s.Suspended {
+			reason := "-"
+			if r.Reason != "" {
+				reason = safe(r.Reason)
+			}
+			fmt.Fprintf(tw, "%d\t%s\n", r.Messages, reason)
 		}
-		fmt.Fprintf(w, "relays: none holds a claim\n")
+		tw.Flush()
+	}
+	if len(s.Relays) == 0 {
+		fmt.Fprintf(w, "\nrelays: none holds a claim\n")
 		return
 	}
 	fmt.Fprintln(w)
@@ -470,46 +589,38 @@ func (s *outboxStatus) writeText(w io.Writer) {
 	tw.Flush()
 }
 
-// writeFailures writes why the pending messages whose last attempt failed
-// failed, for people.
-func (s *outboxStatus) writeFailures(w io.Writer) {
-	if len(s.Failures) == 0 {
+// writeGroups writes why the messages of one state (what) failed last, for
+// people: shown of groups groups of total messages.
+func writeGroups(w io.Writer, what string, shown []failureGroup, groups, total int64) {
+	if len(shown) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\npending after a failed attempt: %s, by last error (the latest message's first)\n", messages(s.FailedMessages, ""))
+	fmt.Fprintf(w, "\n%s: %s, by last error (the latest message's first)\n", what, messages(total, ""))
 	tw := newTabWriter(w)
 	fmt.Fprintln(tw, "MESSAGES\tLAST ERROR")
-	for _, f := range s.Failures {
+	for _, f := range shown {
 		fmt.Fprintf(tw, "%d\t%s\n", f.Messages, safe(f.Error))
 	}
 	tw.Flush()
-	if more := s.FailureGroups - int64(len(s.Failures)); more > 0 {
-		var shown int64
-		for _, f := range s.Failures {
-			shown += f.Messages
+	if more := groups - int64(len(shown)); more > 0 {
+		var n int64
+		for _, f := range shown {
+			n += f.Messages
 		}
 		others := fmt.Sprintf("%d other errors", more)
 		if more == 1 {
 			others = "1 other error"
 		}
-		fmt.Fprintf(w, "and %s with %s\n", messages(s.FailedMessages-shown, "more "), others)
+		fmt.Fprintf(w, "and %s with %s\n", messages(total-n, "more "), others)
 	}
 }
-
-// outboxDeadSQL reads the dead messages, the earliest to die first: $1 the
-// topic ("" for all), $2 the limit (NULL for none).
-const outboxDeadSQL = `
-SELECT storage_key, seq, topic, attempts, enqueued_at, finished_at, last_error, clock_timestamp()
-FROM {table}
-WHERE status = 'dead' AND ($1::text = '' OR topic = $1::text)
-ORDER BY finished_at, id
-LIMIT $2::bigint`
 
 // deadMessage is a dead message as dead shows it.
 type deadMessage struct {
 	ID         string     `json:"id"`
 	Topic      string     `json:"topic"`
 	Attempts   int        `json:"attempts"`
+	Requeues   int        `json:"requeues"`
 	EnqueuedAt time.Time  `json:"enqueued_at"`
 	FinishedAt *time.Time `json:"finished_at"`
 	DeadForMS  *int64     `json:"dead_for_ms,omitempty"`
@@ -517,39 +628,26 @@ type deadMessage struct {
 }
 
 func (s *outboxStore) runDead(ctx context.Context, c *cli, cmd *command, o outboxOptions) int {
-	var limit *int64
+	limit := 0
 	if o.limit > 0 {
-		n := int64(o.limit) + 1 // one more: whether the limit stopped the list
-		limit = &n
+		limit = o.limit + 1 // one more: whether the limit stopped the list
 	}
-	rows, err := s.conn.Query(ctx, s.sql(outboxDeadSQL), o.topic, limit)
+	listed, err := s.t.List(ctx, s.conn, lifecycle.Dead, o.topic, limit)
 	if err != nil {
 		return c.fail(cmd, err)
 	}
-	var dead []deadMessage
-	for rows.Next() {
-		var m deadMessage
-		var key string
-		var seq int32
-		var now time.Time
-		if err := rows.Scan(&key, &seq, &m.Topic, &m.Attempts, &m.EnqueuedAt, &m.FinishedAt, &m.LastError, &now); err != nil {
-			rows.Close()
-			return c.fail(cmd, err)
-		}
-		m.ID = outbox.ID(key, int(seq))
-		if m.FinishedAt != nil {
-			d := now.Sub(*m.FinishedAt)
-			m.DeadForMS = ms(&d)
-		}
-		dead = append(dead, m)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return c.fail(cmd, err)
-	}
-	more := o.limit > 0 && len(dead) > o.limit
+	more := o.limit > 0 && len(listed) > o.limit
 	if more {
-		dead = dead[:o.limit]
+		listed = listed[:o.limit]
+	}
+	dead := make([]deadMessage, len(listed))
+	for i, l := range listed {
+		dead[i] = deadMessage{ID: l.ID, Topic: l.Topic, Attempts: l.Attempts, Requeues: l.Requeues,
+			EnqueuedAt: l.EnqueuedAt, FinishedAt: l.FinishedAt, LastError: l.LastError}
+		if l.FinishedAt != nil {
+			d := l.Now.Sub(*l.FinishedAt)
+			dead[i].DeadForMS = ms(&d)
+		}
 	}
 	if o.asJSON {
 		for _, m := range dead {
@@ -580,60 +678,28 @@ func (s *outboxStore) runDead(ctx context.Context, c *cli, cmd *command, o outbo
 	return exitOK
 }
 
-// requeueSet is what requeue sets: a message pending again, due now, its
-// attempts reset, no claim. last_error and claimed_by stay.
-const requeueSet = `
-UPDATE {table} SET
-	status = 'pending', attempts = 0, next_attempt_at = clock_timestamp(), finished_at = NULL,
-	claim_token = NULL, claim_until = NULL`
-
-// outboxRequeueIDsSQL requeues the dead messages among the ids $1.
-const outboxRequeueIDsSQL = requeueSet + `
-WHERE status = 'dead' AND id = ANY ($1::bigint[])
-RETURNING id, storage_key, seq`
-
-// outboxRequeueAllSQL requeues every dead message, of the topic $1 unless
-// it is "".
-const outboxRequeueAllSQL = requeueSet + `
-WHERE status = 'dead' AND ($1::text = '' OR topic = $1::text)
-RETURNING id, storage_key, seq`
-
-// outboxPurgeIDsSQL deletes the done and dead messages among the ids $1.
-const outboxPurgeIDsSQL = `
-DELETE FROM {table}
-WHERE status IN ('done', 'dead') AND id = ANY ($1::bigint[])
-RETURNING id, storage_key, seq`
-
-// outboxPurgeSQL deletes at most $4 messages of the statuses $1 (done,
-// dead or both) that finished at least $2 ago, of the topic $3 unless it
-// is "", oldest first, as the relays' purge does; pending and claimed
-// messages never.
-const outboxPurgeSQL = `
-DELETE FROM {table}
-WHERE status IN ('done', 'dead') AND id = ANY (ARRAY(
-	SELECT id FROM {table}
-	WHERE status IN ('done', 'dead') AND status = ANY ($1::text[])
-		AND finished_at <= clock_timestamp() - $2::interval
-		AND ($3::text = '' OR topic = $3::text)
-	ORDER BY finished_at
-	LIMIT $4::integer
-	FOR UPDATE SKIP LOCKED
-))`
-
-// outboxLockSQL reads and locks the rows of the messages named by $1
-// (storage keys) and $2 (sequences).
-const outboxLockSQL = `
-SELECT id, storage_key, seq, status, claimed_by
-FROM {table}
-WHERE (storage_key, seq) IN (SELECT k, s FROM unnest($1::text[], $2::integer[]) AS m(k, s))
-FOR UPDATE`
-
-// outboxChange is what requeue or purge changed.
+// outboxChange is what a subcommand that changes messages changed.
 type outboxChange struct {
-	Action string   `json:"action"` // requeued or purged
-	Table  string   `json:"table"`
-	Count  int64    `json:"count"`
-	IDs    []string `json:"ids"` // requeue, and purge of named messages; null for purge -dead/-done
+	Action string `json:"action"` // scheduled, canceled, suspended, resumed, requeued or purged
+	Table  string `json:"table"`
+	Count  int64  `json:"count"`
+	// IDs are the messages changed, and States the state each was left
+	// in (null for purge -done/-dead/-canceled, which counts only).
+	IDs    []string          `json:"ids"`
+	States []lifecycle.State `json:"states"`
+}
+
+// actions are the past tenses of the subcommands that change messages.
+var actions = map[string]string{
+	"schedule": "scheduled", "cancel": "canceled", "suspend": "suspended",
+	"resume": "resumed", "requeue": "requeued", "purge": "purged",
+}
+
+// edges are the lifecycle's edges of the subcommands that change messages:
+// the states each acts on are the edge's.
+var edges = map[string]lifecycle.Edge{
+	"schedule": lifecycle.EdgeSchedule, "cancel": lifecycle.EdgeCancel, "suspend": lifecycle.EdgeSuspend,
+	"resume": lifecycle.EdgeResume, "requeue": lifecycle.EdgeRequeue, "purge": lifecycle.EdgePurge,
 }
 
 // errIDs says that named messages were refused or not found; the reasons
@@ -643,10 +709,7 @@ type errIDs struct{ status int }
 func (e errIDs) Error() string { return "messages refused or not found" }
 
 func (s *outboxStore) runChange(ctx context.Context, c *cli, cmd *command, o outboxOptions) int {
-	res := &outboxChange{Action: "requeued", Table: s.table.String()}
-	if o.subcommand == "purge" {
-		res.Action = "purged"
-	}
+	res := &outboxChange{Action: actions[o.subcommand], Table: s.table.String()}
 	var err error
 	if o.subcommand == "purge" && o.bulk {
 		err = s.purge(ctx, o, res)
@@ -667,135 +730,148 @@ func (s *outboxStore) runChange(ctx context.Context, c *cli, cmd *command, o out
 	if o.asJSON {
 		return c.printJSON(cmd, res)
 	}
-	topic := ""
-	if o.topic != "" {
-		topic = " of topic " + safe(o.topic)
-	}
+	of := ""
 	switch {
-	case o.subcommand == "requeue":
-		notified := ""
-		if res.Count > 0 {
-			notified = "; relays notified"
-		}
-		fmt.Fprintf(c.stdout, "requeued %s%s in %s: pending, due now, attempts reset to 0%s\n",
-			messages(res.Count, "dead "), topic, res.Table, notified)
-	case o.bulk:
-		fmt.Fprintf(c.stdout, "purged %s%s from %s that finished at least %s ago\n",
-			messages(res.Count, strings.Join(o.purgeStates, " and ")+" "), topic, res.Table, human(o.older))
-	default:
-		fmt.Fprintf(c.stdout, "purged %s from %s\n", messages(res.Count, ""), res.Table)
+	case o.topic != "":
+		of = " of topic " + safe(o.topic)
+	case o.key != "":
+		of = " of ordering key " + safe(o.key)
 	}
-	for _, id := range res.IDs {
-		fmt.Fprintf(c.stdout, "  %s\n", safe(id))
+	notified := ""
+	if res.Count > 0 && o.subcommand != "suspend" && o.subcommand != "purge" {
+		notified = "; relays notified"
+	}
+	switch o.subcommand {
+	case "schedule":
+		due := "due at " + o.when.At.UTC().Format(time.RFC3339)
+		if o.when.At.IsZero() {
+			due = "due in " + human(o.when.In)
+		}
+		fmt.Fprintf(c.stdout, "scheduled %s in %s: %s%s\n", messages(res.Count, ""), res.Table, due, notified)
+	case "cancel":
+		fmt.Fprintf(c.stdout, "canceled %s in %s: never presented again%s\n", messages(res.Count, ""), res.Table, notified)
+	case "suspend":
+		fmt.Fprintf(c.stdout, "suspended %s%s in %s: held until resumed\n", messages(res.Count, ""), of, res.Table)
+	case "resume":
+		fmt.Fprintf(c.stdout, "resumed %s%s in %s: ready, or scheduled until their due time%s\n", messages(res.Count, ""), of, res.Table, notified)
+	case "requeue":
+		kind := ""
+		if o.bulk {
+			kind = string(o.states[0]) + " "
+		}
+		fmt.Fprintf(c.stdout, "requeued %s%s in %s by %s: ready, due now, attempts reset to 0%s\n",
+			messages(res.Count, kind), of, res.Table, safe(o.by), notified)
+	case "purge":
+		if o.bulk {
+			fmt.Fprintf(c.stdout, "purged %s%s from %s that finished at least %s ago\n",
+				messages(res.Count, o.stateWords()+" "), of, res.Table, human(o.older))
+		} else {
+			fmt.Fprintf(c.stdout, "purged %s from %s\n", messages(res.Count, ""), res.Table)
+		}
+	}
+	for i, id := range res.IDs {
+		if o.subcommand == "schedule" || o.subcommand == "resume" {
+			fmt.Fprintf(c.stdout, "  %s  %s\n", safe(id), res.States[i])
+		} else {
+			fmt.Fprintf(c.stdout, "  %s\n", safe(id))
+		}
 	}
 	return exitOK
 }
 
-// change requeues (requeue) or deletes (purge) the messages o names, or
-// requeues every dead one (requeue -all), in one transaction, and notifies
-// the relays of requeued messages. Named messages are changed only when
-// every one is there and in a status the subcommand acts on; otherwise
-// the reasons are reported on c's stderr, nothing changes, and the error
-// is an errIDs.
+// stateWords names purge's states for people: "done and dead".
+func (o *outboxOptions) stateWords() string {
+	words := make([]string, len(o.states))
+	for i, s := range o.states {
+		words[i] = string(s)
+	}
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
+}
+
+// change runs the subcommand's edge on the messages o selects, in one
+// transaction, and notifies the relays of messages that may be due now.
+// Named messages are changed only when every one is there and in a state
+// the edge acts on; otherwise the reasons are reported on c's stderr,
+// nothing changes, and the error is an errIDs.
 func (s *outboxStore) change(ctx context.Context, c *cli, o outboxOptions, res *outboxChange) error {
 	tx, err := s.conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var rows pgx.Rows
-	if o.bulk {
-		rows, err = tx.Query(ctx, s.sql(outboxRequeueAllSQL), o.topic)
-	} else {
-		var ids []int64
-		if ids, err = s.lock(ctx, tx, c, o); err != nil {
+	sel := lifecycle.Selector{Topic: o.topic, OrderingKey: o.key, All: o.all}
+	if !o.bulk {
+		if err := s.lock(ctx, tx, c, o); err != nil {
 			return err
 		}
-		query := outboxRequeueIDsSQL
-		if o.subcommand == "purge" {
-			query = outboxPurgeIDsSQL
+		sel = lifecycle.Selector{IDs: o.ids}
+	}
+	var changed []lifecycle.Changed
+	switch o.subcommand {
+	case "schedule":
+		changed, err = s.t.Schedule(ctx, tx, o.ids, o.when)
+	case "cancel":
+		reason := "by " + o.by + " with idemctl"
+		if o.reason != "" {
+			reason += ": " + o.reason
 		}
-		rows, err = tx.Query(ctx, s.sql(query), ids)
+		changed, err = s.t.Cancel(ctx, tx, o.ids, reason)
+	case "suspend":
+		reason := "by " + o.by + " with idemctl"
+		if o.reason != "" {
+			reason = o.reason + " (" + reason + ")"
+		}
+		changed, err = s.t.Suspend(ctx, tx, sel, reason)
+	case "resume":
+		changed, err = s.t.Resume(ctx, tx, sel)
+	case "requeue":
+		states := o.states
+		if !o.bulk {
+			states = nil // a named message in any finished state
+		}
+		changed, err = s.t.Requeue(ctx, tx, sel, states, o.by)
+	case "purge":
+		changed, err = s.t.Purge(ctx, tx, lifecycle.PurgeFilter{Selector: sel, Limit: len(o.ids)})
 	}
 	if err != nil {
 		return err
 	}
-	type changed struct {
-		id  int64
-		msg string
-	}
-	var all []changed
-	for rows.Next() {
-		var ch changed
-		var key string
-		var seq int32
-		if err := rows.Scan(&ch.id, &key, &seq); err != nil {
-			rows.Close()
-			return err
-		}
-		ch.msg = outbox.ID(key, int(seq))
-		all = append(all, ch)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if len(o.ids) > 0 && len(all) != len(o.ids) {
+	if !o.bulk && len(changed) != len(o.ids) {
 		// The rows are locked: they cannot have changed since lock read them.
-		return fmt.Errorf("%d of the %d messages changed, although they were locked", len(all), len(o.ids))
+		return fmt.Errorf("%d of the %d messages changed, although they were locked", len(changed), len(o.ids))
 	}
-	slices.SortFunc(all, func(a, b changed) int { return cmp.Compare(a.id, b.id) })
-	if o.subcommand == "requeue" && len(all) > 0 {
-		if _, err := tx.Exec(ctx, `SELECT pg_notify($1::text, '')`, s.channel()); err != nil {
+	slices.SortFunc(changed, func(a, b lifecycle.Changed) int { return cmp.Compare(a.RowID, b.RowID) })
+	if len(changed) > 0 && o.subcommand != "suspend" && o.subcommand != "purge" {
+		if err := s.t.Notify(ctx, tx); err != nil {
 			return err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	res.Count = int64(len(all))
-	res.IDs = []string{}
-	for _, ch := range all {
-		res.IDs = append(res.IDs, ch.msg)
+	res.Count = int64(len(changed))
+	res.IDs, res.States = []string{}, []lifecycle.State{}
+	for _, ch := range changed {
+		res.IDs = append(res.IDs, ch.ID)
+		res.States = append(res.States, ch.State)
+	}
+	if o.subcommand == "purge" {
+		res.States = nil
 	}
 	return nil
 }
 
-// lock reads and locks the rows of the messages o names in tx, and returns
-// their ids when each is there and in a status o's subcommand acts on.
-// Otherwise it reports on c's stderr why not, and returns an errIDs.
-func (s *outboxStore) lock(ctx context.Context, tx pgx.Tx, c *cli, o outboxOptions) ([]int64, error) {
-	keys := make([]string, len(o.ids))
-	seqs := make([]int32, len(o.ids))
-	for i, id := range o.ids {
-		key, seq, _ := outbox.ParseID(id) // checked by check
-		keys[i], seqs[i] = key, int32(seq)
-	}
-	rows, err := tx.Query(ctx, s.sql(outboxLockSQL), keys, seqs)
+// lock reads and locks the rows of the messages o names in tx, and checks
+// that each is there and in a state o's subcommand acts on. Otherwise it
+// reports on c's stderr why not, and returns an errIDs.
+func (s *outboxStore) lock(ctx context.Context, tx pgx.Tx, c *cli, o outboxOptions) error {
+	found, err := s.t.Lookup(ctx, tx, o.ids)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	type row struct {
-		id      int64
-		status  string
-		claimer *string
-	}
-	found := map[string]row{}
-	for rows.Next() {
-		var r row
-		var key string
-		var seq int32
-		if err := rows.Scan(&r.id, &key, &seq, &r.status, &r.claimer); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		found[outbox.ID(key, int(seq))] = r
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	var ids []int64
 	problem := exitOK
 	report := func(code int, format string, args ...any) {
 		fmt.Fprintf(c.stderr, "idemctl outbox %s: %s\n", o.subcommand, fmt.Sprintf(format, args...))
@@ -804,42 +880,51 @@ func (s *outboxStore) lock(ctx context.Context, tx pgx.Tx, c *cli, o outboxOptio
 			problem = code
 		}
 	}
+	edge := edges[o.subcommand]
 	for _, id := range o.ids {
-		r, ok := found[id]
-		if !ok {
+		f, ok := found[id]
+		switch {
+		case !ok:
 			report(exitNotFound, "no message %s in %s", safe(id), s.table.String())
-			continue
+		case !edge.Allows(f.State):
+			report(exitRefused, "%s is %s: %s", safe(id), describeState(f), refusal(o.subcommand, edge, f.State))
 		}
-		if reason := refusal(o.subcommand, r.status, r.claimer); reason != "" {
-			report(exitRefused, "%s is %s: %s", safe(id), describeStatus(r.status, r.claimer), reason)
-			continue
-		}
-		ids = append(ids, r.id)
 	}
 	if problem != exitOK {
-		return nil, errIDs{problem}
+		return errIDs{problem}
 	}
-	return ids, nil
+	return nil
 }
 
-// refusal says why subcommand does not act on a message in status, or ""
-// when it does.
-func refusal(subcommand, status string, claimer *string) string {
-	switch {
-	case subcommand == "requeue" && status == outbox.StatusDead:
-		return ""
-	case subcommand == "purge" && (status == outbox.StatusDone || status == outbox.StatusDead):
-		return ""
-	case subcommand == "purge":
-		return "purge deletes done and dead messages only, never one still to be published"
-	case status == outbox.StatusPending:
-		return "requeue acts on dead messages only, and a pending one is due or waiting for a retry already"
-	case status == outbox.StatusClaimed:
-		return "requeue acts on dead messages only, and a relay is publishing this one"
-	case status == outbox.StatusDone:
-		return "requeue acts on dead messages only, and this one was published"
+// refusal says why subcommand, whose edge is edge, does not act on a
+// message in state.
+func refusal(subcommand string, edge lifecycle.Edge, state lifecycle.State) string {
+	from := make([]string, len(edge.From()))
+	for i, s := range edge.From() {
+		from[i] = string(s)
 	}
-	return "requeue acts on dead messages only"
+	acts := fmt.Sprintf("%s acts on %s messages only", subcommand, or(from))
+	switch {
+	case subcommand == "purge":
+		return "purge deletes finished messages only (done, dead, canceled), never one still to be published"
+	case state == lifecycle.Claimed:
+		return acts + ", and a relay is publishing this one"
+	case state == lifecycle.Suspended:
+		return acts + ", and this one is suspended: resume it first"
+	case state.IsTerminal():
+		return acts + ", and this one is finished: requeue it first"
+	case subcommand == "requeue":
+		return acts + ", and this one is not finished: it is due or waiting already"
+	}
+	return acts
+}
+
+// or joins words with commas and a last "or".
+func or(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
 // messages returns "1 <kind>message" or "<n> <kind>messages".
@@ -850,25 +935,27 @@ func messages(n int64, kind string) string {
 	return fmt.Sprintf("%d %smessages", n, kind)
 }
 
-// describeStatus names a message's status for people.
-func describeStatus(status string, claimer *string) string {
-	s := safe(status)
-	if status == outbox.StatusClaimed && claimer != nil && *claimer != "" {
-		s += " by relay " + safe(*claimer)
+// describeState names a message's state for people.
+func describeState(f lifecycle.Found) string {
+	s := string(f.State)
+	if f.State == lifecycle.Claimed && f.ClaimedBy != "" {
+		s += " by relay " + safe(f.ClaimedBy)
 	}
 	return s
 }
 
-// purge deletes the done or dead messages o selects, -batch at a time,
+// purge deletes the finished messages o selects, -batch at a time,
 // counting them in res as it goes.
 func (s *outboxStore) purge(ctx context.Context, o outboxOptions, res *outboxChange) error {
 	for {
-		tag, err := s.conn.Exec(ctx, s.sql(outboxPurgeSQL), o.purgeStates, o.older, o.topic, o.batch)
+		got, err := s.t.Purge(ctx, s.conn, lifecycle.PurgeFilter{
+			Selector: lifecycle.Selector{Topic: o.topic, All: true}, States: o.states, Older: o.older, Limit: o.batch,
+		})
 		if err != nil {
 			return err
 		}
-		res.Count += tag.RowsAffected()
-		if tag.RowsAffected() < int64(o.batch) {
+		res.Count += int64(len(got))
+		if len(got) < o.batch {
 			return nil
 		}
 	}

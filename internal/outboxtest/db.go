@@ -12,6 +12,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
@@ -63,7 +64,7 @@ func (db *DB) TryEnqueue(ctx context.Context, key string, msgs ...outbox.Message
 
 // Row is a message's row, as the tests look at it.
 type Row struct {
-	Status    string
+	Status    lifecycle.State
 	Attempts  int
 	LastError *string
 	ClaimedBy *string
@@ -90,15 +91,15 @@ func (db *DB) Row(t testing.TB, id string) (Row, bool) {
 }
 
 // Statuses counts the outbox's rows by status.
-func (db *DB) Statuses(t testing.TB) map[string]int {
+func (db *DB) Statuses(t testing.TB) map[lifecycle.State]int {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), `SELECT status, count(*) FROM idempotency_outbox GROUP BY status`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]int{}
+	m := map[lifecycle.State]int{}
 	for rows.Next() {
-		var s string
+		var s lifecycle.State
 		var n int
 		if err := rows.Scan(&s, &n); err != nil {
 			t.Fatal(err)
@@ -119,7 +120,7 @@ func (db *DB) AwaitAllDone(t testing.TB, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for {
 		st := db.Statuses(t)
-		if st[outbox.StatusPending]+st[outbox.StatusClaimed]+st[outbox.StatusDead] == 0 {
+		if len(st) == 0 || len(st) == 1 && st[lifecycle.Done] > 0 {
 			return
 		}
 		if time.Now().After(deadline) {

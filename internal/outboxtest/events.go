@@ -7,7 +7,8 @@ import (
 )
 
 // RelayEvents is what two relays report, for the metrics adapters' tests:
-// relay a, publishing two topics, and relay b, with every kind of event.
+// relay a, publishing two topics, and relay b, with every kind of event
+// between them.
 // The events of one message carry id, and those of a failure err: values
 // that no metric may carry.
 func RelayEvents(id string, err error) []relay.Event {
@@ -27,6 +28,16 @@ func RelayEvents(id string, err error) []relay.Event {
 	reclaimedDead.Reclaimed, reclaimedDead.Err = true, err
 	fenced := msg(relay.EventFenced, "a", "orders.created")
 	fenced.Published = true
+	lost := msg(relay.EventClaimLost, "b", "orders.created")
+	lost.Err, lost.State = err, "canceled"
+	refused := msg(relay.EventRefused, "a", "payments.captured")
+	refused.Err = err
+	unreadable := msg(relay.EventUnreadable, "b", "orders.created")
+	unreadable.Err = err
+	suspended := msg(relay.EventSuspended, "a", "payments.captured")
+	suspended.Err, suspended.Reason = err, "budget exhausted"
+	canceled := msg(relay.EventCanceled, "b", "orders.created")
+	canceled.Published = true
 	return []relay.Event{
 		{Kind: relay.EventLag, Relay: "a", Lag: 3 * time.Second},
 		{Kind: relay.EventLag, Relay: "b", Lag: 250 * time.Millisecond},
@@ -46,6 +57,14 @@ func RelayEvents(id string, err error) []relay.Event {
 		{Kind: relay.EventPurged, Relay: "b", Count: 1000},
 		{Kind: relay.EventPurged, Relay: "b", Count: 17},
 		{Kind: relay.EventError, Relay: "a", Err: err},
+		{Kind: relay.EventExtended, Relay: "a", Count: 3},
+		{Kind: relay.EventExtended, Relay: "a", Count: 2},
+		{Kind: relay.EventReleased, Relay: "b", Count: 4},
+		lost,
+		refused,
+		unreadable,
+		suspended,
+		canceled,
 		{Kind: relay.EventLag, Relay: "a", Lag: 0}, // caught up: the gauge follows the last report
 	}
 }

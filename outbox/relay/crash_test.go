@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/internal/reliability"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 )
 
@@ -28,14 +31,19 @@ import (
 const (
 	childEnv    = "OUTBOX_RELAY_CHILD"
 	childURLEnv = "OUTBOX_RELAY_CHILD_URL"
-	childLease  = time.Second
+	// childBatchEnv, set to n, makes the child's sink a BatchSink and its
+	// batches n messages.
+	childBatchEnv = "OUTBOX_RELAY_CHILD_BATCH"
+	childLease    = time.Second
 )
 
 // runChild is the child process: a relay whose sink confirms every message
 // (printing "published <id> <attempt>") and whose first mark-done statement
 // (the batch's, once all of it was published) never reaches the server (it
 // prints "marking" and blocks), so that the parent can kill it between the
-// publishes and the mark.
+// publishes and the mark. With childBatchEnv, the sink is a BatchSink and
+// the relay's pipeline goes on while the mark blocks: it presents the next
+// batch, and claims the one after.
 func runChild() int {
 	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
 	if err != nil {
@@ -48,12 +56,34 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	sink := outbox.SinkFunc(func(_ context.Context, e outbox.Envelope) error {
+	var sink outbox.Sink = outbox.SinkFunc(func(_ context.Context, e outbox.Envelope) error {
 		fmt.Printf("published %s %d\n", e.ID, e.Attempt)
 		return nil
 	})
-	relay.New(pool, sink, relay.WithName("child"), relay.WithClaimLease(childLease)).Run(context.Background())
+	opts := []relay.Option{relay.WithName("child"), relay.WithClaimLease(childLease)}
+	if n, err := strconv.Atoi(os.Getenv(childBatchEnv)); err == nil {
+		sink = printBatches{}
+		opts = append(opts, relay.WithBatchSize(n))
+	}
+	relay.New(pool, sink, opts...).Run(context.Background())
 	return 0
+}
+
+// printBatches is the child's BatchSink: it confirms every envelope, each
+// printed as "published <id> <attempt>".
+type printBatches struct{}
+
+func (printBatches) Publish(_ context.Context, e outbox.Envelope) error {
+	fmt.Printf("published %s %d\n", e.ID, e.Attempt)
+	return nil
+}
+
+func (p printBatches) PublishBatch(ctx context.Context, es []outbox.Envelope) []error {
+	errs := make([]error, len(es))
+	for i, e := range es {
+		errs[i] = p.Publish(ctx, e)
+	}
+	return errs
 }
 
 // blockMarks stops the child at its first mark-done statement.
@@ -132,7 +162,7 @@ wait:
 		if _, err := fmt.Sscanf(l, "published %s %d", &id, &attempt); err != nil || attempt != 1 {
 			t.Fatalf("child's line %q", l)
 		}
-		if row, _ := db.Row(t, id); row.Status != outbox.StatusClaimed {
+		if row, _ := db.Row(t, id); row.Status != lifecycle.Claimed {
 			t.Fatalf("published message %s is %s after the kill, want claimed", id, row.Status)
 		}
 	}
@@ -156,13 +186,125 @@ wait:
 		return len(ev.of(relay.EventReclaimed)) == 3 && len(ev.of(relay.EventPublished)) == 3
 	})
 	for _, id := range ids {
-		if row, _ := db.Row(t, id); row.Status != outbox.StatusDone || row.Attempts != 2 {
+		if row, _ := db.Row(t, id); row.Status != lifecycle.Done || row.Attempts != 2 {
 			t.Errorf("%s: %+v, want done after 2 attempts", id, row)
 		}
 	}
 	t.Logf("%d messages delivered by the killed relay and again %v after the kill by the survivor", len(ids), republished.Round(time.Millisecond))
 	reliability.Report(t, reliability.Result{Scenario: "outbox: relay SIGKILLed between publish and mark-done", Store: "postgres",
 		Operations: 4, Faults: 1, Note: fmt.Sprintf("claim lease 1s: the batch taken back and published %v after the kill, attempt 2; its 3 published messages delivered twice with the same IDs (at least once), all 3 done", republished.Round(10*time.Millisecond))})
+}
+
+// TestPipelinedRelayKilledBetweenPublishAndMark: a relay whose sink takes
+// batches (of 5) is killed with SIGKILL while its pipeline is full: the
+// first batch published and its done mark on its way, the second
+// published, waiting for its turn to be marked, the third claimed and
+// waiting for the sink. Once the claim lease has run out, another relay
+// takes the three batches back (an attempt counted for each message) and
+// publishes them: the ten messages the dead relay had published are
+// delivered a second time, with the same IDs (at least once), the five it
+// had only claimed once; none is lost, and every message ends done.
+func TestPipelinedRelayKilledBetweenPublishAndMark(t *testing.T) {
+	db := outboxtest.NewDB(t)
+	ids := enqueueN(t, db, "k", 20, 1)
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+db.URL, childBatchEnv+"=5")
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	published := map[string]bool{}
+	marking := false
+	timeout := time.After(30 * time.Second)
+	for !marking || len(published) < 10 {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the child ended before its mark")
+			}
+			if l == "marking" {
+				marking = true
+				continue
+			}
+			var id string
+			var attempt int
+			if _, err := fmt.Sscanf(l, "published %s %d", &id, &attempt); err != nil || attempt != 1 || published[id] {
+				t.Fatalf("child's line %q", l)
+			}
+			published[id] = true
+		case <-timeout:
+			t.Fatalf("the child did not publish two batches and reach its first mark within 30s (%d published)", len(published))
+		}
+	}
+	// The third batch is claimed, waiting for the sink.
+	deadline := time.Now().Add(10 * time.Second)
+	for db.Statuses(t)[lifecycle.Claimed] < 15 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	child.Wait()
+	if len(published) != 10 {
+		t.Fatalf("the child published %d messages, want its first two batches (10)", len(published))
+	}
+	var claimedOnly []string
+	for _, id := range ids {
+		row, _ := db.Row(t, id)
+		switch {
+		case published[id] && row.Status != lifecycle.Claimed:
+			t.Fatalf("published message %s is %s after the kill, want claimed", id, row.Status)
+		case !published[id] && row.Status == lifecycle.Claimed:
+			claimedOnly = append(claimedOnly, id)
+		}
+	}
+	if len(claimedOnly) != 5 {
+		t.Fatalf("%d messages claimed and not published by the child, want its third batch (5)", len(claimedOnly))
+	}
+
+	sink := newBatchRecorder(t)
+	ev := start(t, db.Pool, sink, relay.WithName("survivor"))
+	if err := sink.rec.AwaitIDs(15*time.Second, ids...); err != nil {
+		t.Fatal(err)
+	}
+	republished := time.Since(killed)
+	if republished < childLease/2 {
+		t.Errorf("published again %v after the kill, before the claim lease (%v) could run out", republished, childLease)
+	}
+	sink.rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered ten of them once more
+	for _, d := range sink.rec.Deliveries() {
+		want := 1
+		if published[d.ID] || slices.Contains(claimedOnly, d.ID) {
+			want = 2 // the dead relay's claim counted
+		}
+		if d.Attempt != want {
+			t.Errorf("%s presented at attempt %d, want %d", d.ID, d.Attempt, want)
+		}
+	}
+	ev.await(t, 5*time.Second, "15 reclaimed, 20 published", func() bool {
+		return len(ev.of(relay.EventReclaimed)) == 15 && len(ev.of(relay.EventPublished)) == 20
+	})
+	db.AwaitAllDone(t, 5*time.Second)
+	reliability.Report(t, reliability.Result{Scenario: "outbox: pipelined relay SIGKILLed with a batch published, one published and waiting for its mark, one claimed", Store: "postgres",
+		Operations: int64(len(ids)), Faults: 1, Note: fmt.Sprintf("batches of 5, claim lease 1s: the 15 messages of the 3 batches in flight taken back and published %v after the kill, attempt 2; the 10 the dead relay had published delivered twice with the same IDs (at least once), the 5 it had only claimed once; none lost, all 20 done", republished.Round(10*time.Millisecond))})
 }
 
 // TestConnectionKilledDuringClaim: the relay's backend is terminated while
@@ -250,7 +392,7 @@ func TestClaimReplyLost(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the claim never ran")
 	}
-	if st := db.Statuses(t); st[outbox.StatusClaimed] != len(ids) {
+	if st := db.Statuses(t); st[lifecycle.Claimed] != len(ids) {
 		t.Fatalf("after the lost reply: %v, want %d claimed", st, len(ids))
 	}
 	proxy.Restore()

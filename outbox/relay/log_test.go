@@ -134,3 +134,41 @@ func TestLoggerReportsStatementErrors(t *testing.T) {
 		t.Fatalf("Error records %v, want the missing table's error", errs)
 	}
 }
+
+// TestLoggerReportsLifecycle: a message the sink refuses and a row the
+// relay cannot read are logged at Error with their errors, a message the
+// sink suspends at Warn with the reason, a claim found lost at Warn.
+func TestLoggerReportsLifecycle(t *testing.T) {
+	db := outboxtest.NewDB(t)
+	rec := outboxtest.NewRecorder()
+	rec.FailWith(func(e outbox.Envelope) error {
+		switch e.Topic {
+		case "refused":
+			return outbox.Permanent(errors.New("invalid subject"))
+		case "metered":
+			return outbox.Suspend("budget exhausted")
+		}
+		return nil
+	})
+	refused := db.Enqueue(t, "r", outbox.Message{Topic: "refused"})[0]
+	suspended := db.Enqueue(t, "s", outbox.Message{Topic: "metered"})[0]
+	unreadable := db.Enqueue(t, "u", outbox.Message{Topic: "fine"})[0]
+	key, seq, _ := outbox.ParseID(unreadable)
+	if _, err := db.Pool.Exec(ctx, `UPDATE idempotency_outbox SET enqueued_at = 'infinity' WHERE storage_key = $1 AND seq = $2`, key, seq); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logRecorder{}
+	ev := start(t, db.Pool, rec, relay.WithName("r-log"), relay.WithLogger(slog.New(logs)))
+	ev.await(t, 10*time.Second, "refused, suspended, unreadable", func() bool {
+		return len(ev.of(relay.EventRefused)) == 1 && len(ev.of(relay.EventSuspended)) == 1 && len(ev.of(relay.EventUnreadable)) == 1
+	})
+	if r := logs.find(slog.LevelError, refused); len(r) != 1 || r[0]["error"] != "invalid subject" || !strings.Contains(r[0]["msg"], "refused") {
+		t.Errorf("the refusal logged as %v", r)
+	}
+	if r := logs.find(slog.LevelError, unreadable); len(r) != 1 || !strings.Contains(r[0]["error"], "column enqueued_at: cannot scan Infinity") || r[0]["relay"] != "r-log" {
+		t.Errorf("the unreadable row logged as %v", r)
+	}
+	if r := logs.find(slog.LevelWarn, suspended); len(r) != 1 || r[0]["reason"] != "budget exhausted" {
+		t.Errorf("the suspension logged as %v", r)
+	}
+}

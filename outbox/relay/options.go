@@ -37,7 +37,7 @@ type config struct {
 func defaultConfig() config {
 	t, _ := pgname.ParseTable(pgstore.DefaultOutboxTable)
 	return config{
-		batch:       100,
+		batch:       500,
 		lease:       30 * time.Second,
 		backoffMin:  time.Second,
 		backoffMax:  5 * time.Minute,
@@ -52,9 +52,14 @@ func defaultConfig() config {
 // WithBatchSize sets how many messages one claim takes at most. A batch
 // holds at most one message of each ordering key (the next one is due once
 // the previous is done), and the relay claims again at once after a batch
-// that found work. It panics when n is not positive.
+// that found work, while the sink presents the batch before (see Run).
+// Larger batches cost the database fewer statements and commits per
+// message; smaller ones hold less: a relay holds three batches at most,
+// their payloads in memory, and a relay that dies has the messages of
+// those it claimed published again once their claim runs out (at least
+// once). It panics when n is not positive.
 //
-// Default: 100.
+// Default: 500.
 func WithBatchSize(n int) Option {
 	if n <= 0 {
 		panic(fmt.Sprintf("relay: WithBatchSize: %d is not positive", n))
@@ -63,14 +68,21 @@ func WithBatchSize(n int) Option {
 }
 
 // WithClaimLease sets how long a claim holds its messages, on the server's
-// clock. A message is presented only while at least half of the lease is
-// left (counted on the relay's clock from before the claim was sent), and
-// each publish ends by the lease's end; the messages of a batch that come
-// too late are handed back unpresented. When a relay dies or stalls, its
+// clock. While the sink works on a message, or messages of the batch wait
+// for their turn or their done mark, the relay extends the claim every
+// third of the lease; it counts the claim conservatively (from before the
+// statement that took or extended it was sent, a tenth early) and cancels
+// the sink's context, with a cause wrapping outbox.ErrClaimLost, before
+// the claim could be taken back (its database unreachable for most of a
+// lease), or as soon as an extend finds the message no longer claimed (an
+// operator canceled or suspended it). A message is presented only while at
+// least half of the lease is left; the messages of a batch that come too
+// late are handed back unpresented. When a relay dies or stalls, its
 // claimed messages are taken back by any relay once the lease has run
-// out, each with an attempt counted, and published again: the at-least-
-// once case. Keep it well above the sink's slowest confirm times the batch
-// size over the concurrency. It panics when d is under a millisecond.
+// out, each with an attempt counted, and published again: the
+// at-least-once case. A short lease costs extends; a long one delays the
+// takeover of a dead relay's messages. It panics when d is under a
+// millisecond.
 //
 // Default: 30s.
 func WithClaimLease(d time.Duration) Option {
@@ -96,8 +108,11 @@ func WithBackoff(min, max time.Duration) Option {
 
 // WithMaxAttempts sets the attempt cap: a message whose n-th attempt fails
 // (the sink's error, or a claim that ran out) is dead, with the error
-// kept, instead of pending again. An operator requeues it (idemctl outbox
-// requeue) once the cause is fixed. It panics when n is not positive.
+// kept, instead of waiting for a retry. A sink's permanent refusal
+// (outbox.Permanent) and a row the relay cannot read are dead at once,
+// whatever the cap; a sink's suspension (outbox.Suspend) counts no
+// attempt. An operator requeues a dead message (idemctl outbox requeue)
+// once the cause is fixed. It panics when n is not positive.
 //
 // Default: 25 (with the default backoff, 45 to 85 minutes of retries).
 func WithMaxAttempts(n int) Option {
@@ -123,8 +138,8 @@ func WithPollInterval(d time.Duration) Option {
 	return func(c *config) { c.poll = d }
 }
 
-// WithRetention sets how long done and dead messages are kept before the
-// relay purges them (pending and claimed messages never are), checked
+// WithRetention sets how long finished messages (done, dead, canceled) are
+// kept before the relay purges them (others never are), checked
 // every minute, or every retention when that is shorter. Keep it longer
 // than the records' TTL: a key used again after its record expired
 // numbers its messages past those still kept, so their IDs stay unique
@@ -152,9 +167,13 @@ func WithTable(name string) Option {
 	return func(c *config) { c.table = t }
 }
 
-// WithConcurrency sets how many messages of a batch are published at once,
-// each of another ordering key (a batch holds one per key). Above 1 the
-// sink must be safe for concurrent use. It panics when n is not positive.
+// WithConcurrency sets how many messages of a batch are published at once
+// through a sink that publishes one message per call, each of another
+// ordering key (a batch holds one per key). Above 1 the sink must be safe
+// for concurrent use. A sink that is an outbox.BatchSink is given each
+// batch in one call instead, and keeps its own window of publications
+// waiting for their confirms: the concurrency does not apply. It panics
+// when n is not positive.
 //
 // Default: 1 (one at a time, in the batch's order).
 func WithConcurrency(n int) Option {
@@ -206,13 +225,17 @@ func WithObserver(fn func(ctx context.Context, e Event)) Option {
 
 // WithLogger logs what goes wrong: a failed publish (Warn, with the
 // message's ID, topic, attempt and the sink's error, and the backoff
-// before the next attempt), a message gone dead (Error), a claim taken
-// back from a relay that died or stalled (Warn), a mark refused because
-// the claim had been taken back (Warn), and a statement that failed
-// (Error); the messages published and the purges at Debug. Each record
-// carries the relay's name. Log records carry message IDs (storage keys,
-// which are hashes) and errors, never payloads or headers. The observer
-// (WithObserver) gets the same events, and more.
+// before the next attempt), a message gone dead, refused by its sink or
+// unreadable (Error, with the error), a message its sink suspended (Warn,
+// with the reason), a claim taken back from a relay that died or stalled
+// (Warn), a claim found lost while the relay held it and a mark refused
+// because of it (Warn, with the state the message was found in), a
+// message canceled while presented (Info), and a statement that failed
+// (Error); the messages published, the extends, the messages handed back
+// and the purges at Debug. Each record carries the relay's name. Log
+// records carry message IDs (storage keys, which are hashes), errors and
+// a sink's reasons, never payloads or headers. The observer (WithObserver)
+// gets the same events, and more.
 //
 // Default: none (nothing is logged).
 func WithLogger(l *slog.Logger) Option {

@@ -6,10 +6,10 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 )
 
 // Relay publishes the messages of an outbox table through a Sink. It is
@@ -17,10 +17,12 @@ import (
 // table and partition its messages. Create it with New and run it with
 // Run.
 type Relay struct {
-	pool *pgxpool.Pool
-	sink outbox.Sink
-	cfg  config
-	sql  statements
+	pool  *pgxpool.Pool
+	sink  outbox.Sink
+	cfg   config
+	table *lifecycle.Table
+	// batchSink is sink, when it publishes a batch at once.
+	batchSink outbox.BatchSink
 
 	// random is the jitter of the backoff (tests replace it).
 	random func() float64
@@ -54,7 +56,13 @@ func New(pool *pgxpool.Pool, sink outbox.Sink, opts ...Option) *Relay {
 	if cfg.logger != nil {
 		cfg.observer = logged(cfg.logger, cfg.observer)
 	}
-	return &Relay{pool: pool, sink: sink, cfg: cfg, sql: newStatements(cfg.table), random: rand.Float64}
+	table, err := outbox.Table(cfg.table.String())
+	if err != nil { // WithTable checked the name
+		panic("relay: New: " + err.Error())
+	}
+	r := &Relay{pool: pool, sink: sink, cfg: cfg, table: table, random: rand.Float64}
+	r.batchSink, _ = sink.(outbox.BatchSink)
+	return r
 }
 
 // Name returns the relay's name (WithName).
@@ -86,28 +94,47 @@ const purgeEvery = time.Minute
 // connection of its own (see WithListenerConfig), and repeats:
 //
 //   - claim: up to a batch of due messages (see WithBatchSize), at most one
-//     of each ordering key, under a claim lease (WithClaimLease);
-//   - present each to the sink; mark those the sink confirmed done, in one
-//     statement once the batch has been presented, and each that failed
-//     pending again after a backoff (WithBackoff) or dead at the attempt
-//     cap (WithMaxAttempts); the marks are fenced by the claim, so a relay
-//     whose claim was taken back marks nothing;
+//     of each ordering key, under a claim lease (WithClaimLease); a row it
+//     cannot read is set apart alone, dead with the error, and the batch
+//     goes on;
+//   - present the batch to the sink: in one PublishBatch call when the sink
+//     is an outbox.BatchSink (natsink's and idemrabbit's sinks are), which
+//     keeps a window of publications waiting for their confirms, or else
+//     one Publish per message, WithConcurrency at a time; the claim is
+//     extended every third of a lease while the sink works;
+//   - mark the outcomes: those the sink confirmed done, in one statement,
+//     each that failed waiting for a retry after a backoff (WithBackoff) or
+//     dead at the attempt cap (WithMaxAttempts), each the sink refused
+//     permanently (outbox.Permanent) dead at once, and each the sink
+//     suspended (outbox.Suspend) suspended; the marks are fenced by the
+//     claim, so a relay whose claim was lost (taken back, or the message
+//     canceled or suspended by an operator) marks nothing;
 //   - after a batch that found messages, claim again at once; otherwise
-//     purge terminal messages past the retention (WithRetention), and wait
-//     for a notification, the next retry or claim to run out, or the poll
-//     interval (WithPollInterval), whichever comes first;
+//     purge finished messages past the retention (WithRetention), and wait
+//     for a notification, the next message to fall due (a schedule, a
+//     retry) or claim to run out, or the poll interval (WithPollInterval),
+//     whichever comes first;
 //   - before a claim that does not follow a batch that found messages (and
-//     once a second while busy),
-//     take back the claims of any relay that ran out (each counts an
-//     attempt), and report the lag.
+//     once a second while busy), take back the claims of any relay that ran
+//     out (each counts an attempt), and report the lag.
+//
+// The three steps of a batch overlap with those of the next and the
+// previous: while the sink presents a batch, the marks of the batch before
+// are written and the next batch is claimed, so that the database and the
+// broker work at once rather than in turn. The next batch holds no message
+// of an ordering key whose message is in flight: a key's next message is
+// claimed only once the mark of the previous one has committed. At most
+// three batches are held at once: one claimed and waiting, one with the
+// sink, one being marked.
 //
 // A statement that fails (the database is unreachable, a connection was
 // killed) is reported (EventError, and logged with WithLogger) and the
 // relay goes on after a pause; messages it had claimed are taken back
 // after their lease. When ctx ends, the publishes in flight run to their
-// end (each bounded by its claim's lease) and are marked, the messages of
-// the batch not yet presented are handed back, and Run returns. Run may be
-// called again after it returned.
+// end, no longer extended (the sink's context is cancelled when the claim
+// runs out), and are marked, the messages claimed and not yet presented
+// are handed back, and Run returns. Run may be called again after it
+// returned.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	lctx, stopListening := context.WithCancel(ctx)
@@ -120,6 +147,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopListening()
 		<-listening
 	}()
+
+	p := r.startPipeline(ctx)
+	defer p.close()
 
 	var (
 		lastState time.Time
@@ -143,7 +173,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.emit(ctx, Event{Kind: EventError, Err: err})
 			}
 		}
-		n, err := r.round(ctx)
+		b, err := r.claimBatch(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -155,8 +185,18 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		pause = 0
-		if n > 0 {
+		if b != nil {
 			busy = true
+			if !p.hand(ctx, b) {
+				r.mark(ctx, b) // hands the batch back: none of it was presented
+			}
+			continue
+		}
+		if p.busy() {
+			// The batches in flight hold their keys' next messages back
+			// until their marks commit, and may schedule retries: claim
+			// again once they are marked.
+			p.await(ctx)
 			continue
 		}
 		if busy {
@@ -204,52 +244,37 @@ func signal(wake chan<- struct{}) {
 
 // tend takes back the claims that ran out, reports the lag, and returns
 // how long an idle relay may wait before something falls due that is not
-// due yet: the next retry, or the next claim to run out (at most the poll
-// interval).
+// due yet: the next scheduled message or retry, or the next claim to run
+// out (at most the poll interval).
 func (r *Relay) tend(ctx context.Context) (time.Duration, error) {
 	if err := r.reclaim(ctx); err != nil {
 		return r.cfg.poll, err
 	}
-	var lag float64
-	var nextRetry, nextExpiry *float64
-	if err := r.pool.QueryRow(ctx, r.sql.state).Scan(&lag, &nextRetry, &nextExpiry); err != nil {
-		return r.cfg.poll, fmt.Errorf("relay: state: %w", err)
+	st, err := r.table.RelayState(ctx, r.pool)
+	if err != nil {
+		return r.cfg.poll, fmt.Errorf("relay: %w", err)
 	}
-	r.emit(ctx, Event{Kind: EventLag, Lag: seconds(lag)})
+	r.emit(ctx, Event{Kind: EventLag, Lag: st.Lag})
 	next := r.cfg.poll
-	for _, s := range []*float64{nextRetry, nextExpiry} {
-		if s != nil {
+	for _, d := range []time.Duration{st.NextDue, st.NextExpiry} {
+		if d > 0 {
 			// A little past the instant, so that the claim or
 			// statement that follows finds it due.
-			next = min(next, seconds(*s)+time.Millisecond)
+			next = min(next, d+time.Millisecond)
 		}
 	}
 	return max(next, time.Millisecond), nil
 }
 
-// seconds converts a number of seconds to a Duration.
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-
 // reclaim takes back the claims that ran out, reporting each message.
 func (r *Relay) reclaim(ctx context.Context) error {
-	rows, err := r.pool.Query(ctx, r.sql.reclaim, r.cfg.maxAttempts)
+	got, err := r.table.Reclaim(ctx, r.pool, r.cfg.maxAttempts)
 	if err != nil {
-		return fmt.Errorf("relay: reclaim: %w", err)
-	}
-	type reclaimed struct {
-		status, key, topic string
-		seq, attempts      int
-	}
-	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (m reclaimed, err error) {
-		err = row.Scan(&m.status, &m.key, &m.seq, &m.topic, &m.attempts)
-		return m, err
-	})
-	if err != nil {
-		return fmt.Errorf("relay: reclaim: %w", err)
+		return fmt.Errorf("relay: %w", err)
 	}
 	for _, m := range got {
-		e := Event{Kind: EventReclaimed, ID: outbox.ID(m.key, m.seq), Topic: m.topic, Attempt: m.attempts}
-		if m.status == outbox.StatusDead {
+		e := Event{Kind: EventReclaimed, ID: m.ID, Topic: m.Topic, Attempt: m.Attempts}
+		if m.State == lifecycle.Dead {
 			e.Kind, e.Reclaimed, e.Err = EventDead, true, errClaimExpired
 		}
 		r.emit(ctx, e)
@@ -260,7 +285,7 @@ func (r *Relay) reclaim(ctx context.Context) error {
 // purgeBatch bounds the rows one purge statement deletes.
 const purgeBatch = 1000
 
-// purge deletes the terminal messages past the retention, a batch at a
+// purge deletes the finished messages past the retention, a batch at a
 // time, until a batch comes back short.
 func (r *Relay) purge(ctx context.Context) error {
 	total := 0
@@ -270,12 +295,14 @@ func (r *Relay) purge(ctx context.Context) error {
 		}
 	}()
 	for {
-		tag, err := r.pool.Exec(ctx, r.sql.purge, r.cfg.retention, purgeBatch)
+		got, err := r.table.Purge(ctx, r.pool, lifecycle.PurgeFilter{
+			Selector: lifecycle.Selector{All: true}, Older: r.cfg.retention, Limit: purgeBatch,
+		})
 		if err != nil {
-			return fmt.Errorf("relay: purge: %w", err)
+			return fmt.Errorf("relay: %w", err)
 		}
-		total += int(tag.RowsAffected())
-		if tag.RowsAffected() < purgeBatch {
+		total += len(got)
+		if len(got) < purgeBatch {
 			return nil
 		}
 	}

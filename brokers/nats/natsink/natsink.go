@@ -15,6 +15,10 @@
 //	r := relay.New(pool, sink)
 //	err := r.Run(ctx)
 //
+// The Sink is an outbox.BatchSink too: PublishBatch publishes a batch with
+// JetStream's asynchronous publish, keeping a window of publications
+// waiting for their acks (WithWindow) instead of one at a time.
+//
 // # The duplicate window
 //
 // A message is stored twice when the relay publishes it again later than
@@ -45,6 +49,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,8 +60,10 @@ import (
 
 // Errors of the sink.
 var (
-	// ErrNoSubject is returned by Publish for a message whose subject is
-	// empty (its Topic, or what WithSubject made of it).
+	// ErrNoSubject is wrapped by the error of Publish for a message whose
+	// subject is empty (its Topic, or what WithSubject made of it): a
+	// permanent refusal (outbox.ErrPermanent), as is a subject that is not
+	// one to publish to (nats.ErrBadSubject).
 	ErrNoSubject = errors.New("natsink: message has no subject")
 	// ErrWindowTooShort is wrapped by the error of CheckDuplicates for a
 	// stream whose Duplicates window is shorter than needed.
@@ -80,6 +87,7 @@ func New(js jetstream.JetStream, opts ...Option) *Sink {
 	cfg := config{
 		subject: func(e outbox.Envelope) string { return e.Topic },
 		timeout: DefaultTimeout,
+		window:  DefaultWindow,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -100,8 +108,8 @@ func (s *Sink) Publish(ctx context.Context, e outbox.Envelope) error {
 // PubAck.Duplicate reports that the stream had stored e already.
 func (s *Sink) PublishAck(ctx context.Context, e outbox.Envelope) (*jetstream.PubAck, error) {
 	subject := s.cfg.subject(e)
-	if subject == "" {
-		return nil, fmt.Errorf("%w: message %s, topic %q", ErrNoSubject, e.ID, e.Topic)
+	if err := checkSubject(e, subject); err != nil {
+		return nil, err
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = e.Payload
@@ -115,10 +123,30 @@ func (s *Sink) PublishAck(ctx context.Context, e outbox.Envelope) (*jetstream.Pu
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
 	defer cancel()
 	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	if errors.Is(err, nats.ErrBadSubject) {
+		return nil, outbox.Permanent(fmt.Errorf("natsink: publishing %s to %q: %w", e.ID, subject, err))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("natsink: publishing %s to %s: %w", e.ID, subject, err)
 	}
 	return ack, nil
+}
+
+// checkSubject returns a permanent refusal (outbox.Permanent) of e when its
+// subject is one no publication can go to: empty (ErrNoSubject), or not a
+// NATS subject to publish to (nats.ErrBadSubject): a space or a control
+// character, an empty token, or a wildcard. The relay marks such a message
+// dead at once, where it would retry it in vain until its last attempt.
+func checkSubject(e outbox.Envelope, subject string) error {
+	if subject == "" {
+		return outbox.Permanent(fmt.Errorf("%w: message %s, topic %q", ErrNoSubject, e.ID, e.Topic))
+	}
+	for _, token := range strings.Split(subject, ".") {
+		if token == "" || token == "*" || token == ">" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return outbox.Permanent(fmt.Errorf("natsink: message %s, subject %q: %w", e.ID, subject, nats.ErrBadSubject))
+		}
+	}
+	return nil
 }
 
 // WindowNeeded returns the longest time after which a relay with the

@@ -6,9 +6,15 @@ import (
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
-// DefaultTimeout bounds each publication when the caller's context has no
-// sooner deadline.
-const DefaultTimeout = 5 * time.Second
+// Defaults of the Sink.
+const (
+	// DefaultTimeout bounds each publication when the caller's context has
+	// no sooner deadline.
+	DefaultTimeout = 5 * time.Second
+	// DefaultWindow is how many publications PublishBatch keeps waiting
+	// for their acks at once.
+	DefaultWindow = 256
+)
 
 // Option configures a Sink.
 type Option func(*config)
@@ -17,6 +23,7 @@ type config struct {
 	subject func(outbox.Envelope) string
 	stream  string
 	timeout time.Duration
+	window  int
 }
 
 // WithSubject sets the function that gives a message's subject. It panics
@@ -50,4 +57,20 @@ func WithTimeout(d time.Duration) Option {
 		panic("natsink: WithTimeout needs a positive duration")
 	}
 	return func(c *config) { c.timeout = d }
+}
+
+// WithWindow sets how many publications PublishBatch keeps waiting for
+// their acks at once: it sends the next message of a batch only while
+// fewer than n are. A larger window keeps the stream busier over a link
+// with more latency, at the cost of more messages in flight when the
+// connection drops (their errors make the relay publish them again). The
+// JetStream context's own cap on pending asynchronous publications
+// (jetstream.WithPublishAsyncMaxPending, 4,000 by default) bounds the sum
+// over the batches published on it at once. It panics if n is below 1.
+// Default: 256 (DefaultWindow).
+func WithWindow(n int) Option {
+	if n < 1 {
+		panic("natsink: WithWindow needs a window of at least 1")
+	}
+	return func(c *config) { c.window = n }
 }

@@ -1,0 +1,147 @@
+package local_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency/internal/outboxtest"
+	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/relay"
+	"github.com/go-idempotency/idempotency/pgstore"
+)
+
+var ctx = context.Background()
+
+// events collects a relay's events.
+type events struct {
+	mu      sync.Mutex
+	all     []relay.Event
+	changed chan struct{}
+}
+
+func newEvents() *events { return &events{changed: make(chan struct{})} }
+
+func (e *events) observe(_ context.Context, ev relay.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.all = append(e.all, ev)
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// of returns the events of kind k.
+func (e *events) of(k relay.EventKind) []relay.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []relay.Event
+	for _, ev := range e.all {
+		if ev.Kind == k {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// await waits until cond holds, checking it at every event, for at most
+// d, and fails t otherwise.
+func (e *events) await(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		e.mu.Lock()
+		changed := e.changed
+		e.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			if !cond() {
+				t.Fatalf("%s: not within %v", what, d)
+			}
+			return
+		}
+	}
+}
+
+// noNoise fails t for any event that says the relay marked a message a
+// local run had marked, or lost a claim it held.
+func (e *events) noNoise(t testing.TB) {
+	t.Helper()
+	for _, k := range []relay.EventKind{relay.EventFenced, relay.EventClaimLost, relay.EventError, relay.EventCanceled} {
+		if got := e.of(k); len(got) != 0 {
+			t.Errorf("%d %s events, want none: %+v", len(got), k, got)
+		}
+	}
+}
+
+// start runs a relay on pool through sink until t ends, with a fast
+// backoff, and returns its events.
+func start(t testing.TB, pool *pgxpool.Pool, sink outbox.Sink, opts ...relay.Option) *events {
+	t.Helper()
+	ev := newEvents()
+	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.observe)}, opts...)
+	r := relay.New(pool, sink, opts...)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Run returned %v, want context.Canceled", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("Run did not return within 30s of its context's end")
+		}
+	})
+	return ev
+}
+
+// effect writes the local run's effect for e, tagged run, in the run's
+// transaction.
+func effect(ctx context.Context, e outbox.Envelope, run string) error {
+	tx, ok := pgstore.TxFromContext(ctx)
+	if !ok {
+		return errors.New("no transaction")
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (message_id, run) VALUES ($1, $2)`, e.ID, run)
+	return err
+}
+
+// effects returns the runs of each message whose effect committed.
+func effects(t testing.TB, db *outboxtest.DB) map[string][]string {
+	t.Helper()
+	rows, err := db.Pool.Query(ctx, `SELECT message_id, run FROM effects ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	m := map[string][]string{}
+	for rows.Next() {
+		var id, run string
+		if err := rows.Scan(&id, &run); err != nil {
+			t.Fatal(err)
+		}
+		m[id] = append(m[id], run)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
