@@ -19,11 +19,25 @@ const DefaultTable = "idempotency_records"
 // records' table.
 const DefaultOutboxTable = "idempotency_outbox"
 
+// DefaultStateTable is the name of the table of state records (see package
+// state) that Migrate creates, with its history table (StateHistoryTable),
+// in the schema of the records' table.
+const DefaultStateTable = "idempotency_state"
+
 //go:embed schema.sql
 var schemaSQL string
 
 //go:embed outbox.sql
 var outboxSQL string
+
+//go:embed state.sql
+var stateSQL string
+
+// The quoted names state.sql is written with, replaced by StateSchema.
+const (
+	stateTable   = `"idempotency_state"`
+	stateHistory = `"idempotency_state_history"`
+)
 
 // The quoted names outbox.sql is written with, replaced by OutboxSchema.
 const (
@@ -72,21 +86,23 @@ func mustTable(name string) table {
 
 // Schema returns the SQL that creates the table named name, its index and
 // the function that the acquire statement calls to write (named after the
-// table with "_acquire" appended, in the table's schema), and the outbox
-// table DefaultOutboxTable in the same schema with its indexes: the
-// embedded schema.sql and outbox.sql with the names put in, quoted. Every
-// statement in it is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
-// REPLACE FUNCTION), so it can be run on every start, or added to a
-// migration tool's files by teams that manage their own migrations; run it
-// again after upgrading pgstore, since a new version may change the
+// table with "_acquire" appended, in the table's schema), the outbox table
+// DefaultOutboxTable with its indexes and the state records' tables
+// (DefaultStateTable and its history), both in the same schema: the
+// embedded schema.sql, outbox.sql and state.sql with the names put in,
+// quoted. Every statement in it is idempotent (CREATE ... IF NOT EXISTS,
+// CREATE OR REPLACE FUNCTION), so it can be run on every start, or added to
+// a migration tool's files by teams that manage their own migrations; run
+// it again after upgrading pgstore, since a new version may change the
 // function. name is a table (DefaultTable, for instance) or a
 // schema-qualified table ("billing.idempotency"); the names are quoted, so
 // they are case-sensitive. Schema panics when name is not such a name.
-// With WithOutboxTable, take the records' part from RecordsSchema and the
-// outbox's from OutboxSchema.
+// With WithOutboxTable, take the records' part from RecordsSchema, the
+// outbox's from OutboxSchema and the state records' from StateSchema.
 func Schema(name string) string {
 	t := mustTable(name)
-	return RecordsSchema(name) + "\n" + OutboxSchema(pgname.Table{Parts: t.parts}.Sibling(DefaultOutboxTable).String())
+	sibling := func(n string) string { return pgname.Table{Parts: t.parts}.Sibling(n).String() }
+	return RecordsSchema(name) + "\n" + OutboxSchema(sibling(DefaultOutboxTable)) + "\n" + StateSchema(sibling(DefaultStateTable))
 }
 
 // RecordsSchema returns the part of Schema that creates the records' table
@@ -114,14 +130,33 @@ func OutboxSchema(name string) string {
 	return r.Replace(outboxSQL)
 }
 
+// StateSchema returns the SQL that creates the table of state records
+// named name (see package state and its WithTable) and its history table,
+// named StateHistoryTable(name): the embedded state.sql with the names put
+// in, quoted. Every statement in it is idempotent (CREATE ... IF NOT
+// EXISTS). It panics when name is not a table name, or when the history's
+// name would be longer than PostgreSQL's identifiers (63 bytes).
+func StateSchema(name string) string {
+	t := mustTable(name)
+	h := mustTable(StateHistoryTable(name))
+	return strings.NewReplacer(stateHistory, h.quoted, stateTable, t.quoted).Replace(stateSQL)
+}
+
+// StateHistoryTable returns the name of the history table of the state
+// records' table named name: name with "_history" appended, in the same
+// schema.
+func StateHistoryTable(name string) string { return name + "_history" }
+
 // Migrate creates the store's table and its index when they do not exist,
 // creates or replaces the function that the acquire statement calls, and
-// creates the outbox table and its indexes when they do not exist, in one
-// transaction under an advisory lock, so that instances starting together
-// do not race each other. It takes the options of New, of which only
-// WithTable and WithOutboxTable matter, and panics on a bad option as New
-// does. The schema it runs is RecordsSchema's and OutboxSchema's (Schema's
-// without WithOutboxTable); a table that already exists is left as it is.
+// creates the outbox table and its indexes, and the state records' tables
+// (DefaultStateTable and its history, in the schema of the store's table),
+// when they do not exist, in one transaction under an advisory lock, so
+// that instances starting together do not race each other. It takes the
+// options of New, of which only WithTable and WithOutboxTable matter, and
+// panics on a bad option as New does. The schema it runs is
+// RecordsSchema's, OutboxSchema's and StateSchema's (Schema's without
+// WithOutboxTable); a table that already exists is left as it is.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if pool == nil {
 		panic("pgstore: Migrate: nil pool")
@@ -142,6 +177,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	}
 	if _, err := tx.Exec(ctx, OutboxSchema(strings.Join(cfg.outbox.parts, "."))); err != nil {
 		return fmt.Errorf("pgstore: migrate %s: %w", cfg.outbox.quoted, err)
+	}
+	states := pgname.Table{Parts: cfg.table.parts}.Sibling(DefaultStateTable)
+	if _, err := tx.Exec(ctx, StateSchema(states.String())); err != nil {
+		return fmt.Errorf("pgstore: migrate %s: %w", states.Quoted(), err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
