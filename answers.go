@@ -35,6 +35,7 @@ var outcomeAnswers = [outcomeEnd]answer{
 	OutcomeUnrecorded:       {send: sendResponse},
 	OutcomeUnprotected:      {send: sendResponse},
 	OutcomeReleased:         {send: sendResponse},
+	OutcomeRefused:          {send: sendResponse}, // Do's; a handler answers for itself
 	OutcomeReplayed:         {send: sendReplay},
 	OutcomeReplayedOmitted:  {send: sendReplay},
 	OutcomeCanceled:         {send: sendNothing},

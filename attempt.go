@@ -168,10 +168,19 @@ func (a *attempt) runUnprotected(cause error) {
 	panicked = false
 	o, err := OutcomeUnprotected, error(nil)
 	if resp, workErr := a.caller.result(); resp == nil {
-		o, err = OutcomeReleased, workErr
+		o, err = failure(workErr), workErr
 	}
 	status := a.caller.settle(a.ending(o, err))
 	a.report(o, status, cause)
+}
+
+// failure is the outcome of work that failed with err: refused for good
+// when err wraps ErrPermanent, released otherwise.
+func failure(err error) Outcome {
+	if errors.Is(err, ErrPermanent) {
+		return OutcomeRefused
+	}
+	return OutcomeReleased
 }
 
 // replay gives the caller the record a duplicate found.
@@ -212,7 +221,7 @@ func (a *attempt) execute(acq Acquisition) {
 		a.end(OutcomeTooLarge, err)
 	case resp == nil:
 		a.releaseUnstored()
-		a.end(OutcomeReleased, err)
+		a.end(failure(err), err)
 	case a.tx != nil:
 		a.commit(resp, err)
 	default:

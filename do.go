@@ -133,12 +133,35 @@ var (
 	// was not stored: over WithMaxResponseBody, over a store's bound, or
 	// not encodable. The function ran once; its value is unknown here.
 	ErrResultOmitted = errors.New("idempotency: result not stored")
+	// ErrPermanent is wrapped by an error that refuses a call for good: the
+	// same call would be refused again (a state record's conflict, a
+	// payload no downstream accepts). Do releases the key for such an
+	// error of the function, as for any error, and reports
+	// OutcomeRefused, of ClassPermanent, so that a consumer terminates
+	// the message rather than retry it. See Permanent.
+	ErrPermanent = errors.New("idempotency: refused permanently")
 	// ErrOutcomeUnknown is returned on a transactional Runner when the
 	// commit's outcome is unknown: a retry with the same key replays the
 	// result if it was committed, or runs the function once more if
 	// nothing was.
 	ErrOutcomeUnknown = errors.New("idempotency: commit outcome unknown")
 )
+
+// permanentError is an error marked by Permanent.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string   { return e.err.Error() }
+func (e permanentError) Unwrap() []error { return []error{ErrPermanent, e.err} }
+
+// Permanent returns err marked as a refusal for good: an error with err's
+// text that wraps both ErrPermanent and err. It returns nil when err is
+// nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
 
 // InFlightError is the error of a call whose key is held by another call
 // still running (after the wait bound, in wait mode). It wraps ErrInFlight.
@@ -186,8 +209,10 @@ func callIdentity(name string, payload []byte) string {
 //     same way, and Do returns it with an error wrapping ErrResultOmitted.
 //   - An error from fn releases the key (OutcomeReleased), so that a retry
 //     runs fn again, and is returned as it is: there is no failed state. A
-//     result to keep (a declined card) is a value, not an error. A panic
-//     releases the key and is re-raised.
+//     result to keep (a declined card) is a value, not an error. An error
+//     wrapping ErrPermanent releases the key too, and is reported as
+//     OutcomeRefused: a retry would be refused again. A panic releases the
+//     key and is re-raised.
 //   - A duplicate while the first call runs gets an *InFlightError
 //     (ErrInFlight, OutcomeInFlight) with the time left, or, with
 //     WithWait, waits up to the bound for the first call to end, woken by

@@ -74,6 +74,7 @@ var eventKinds = [outcomeEnd]EventKind{
 	OutcomeStoreUnavailable: EventStoreError,
 	OutcomeStoreFull:        EventStoreError,
 	OutcomeCanceled:         EventCanceled,
+	OutcomeRefused:          EventReleased,
 	OutcomeMismatch:         EventMismatch,
 	OutcomeCorrupt:          EventStoreError,
 	OutcomeTooLarge:         EventReleased,

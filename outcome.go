@@ -30,6 +30,8 @@ import (
 //	OutcomeStoreUnavailable  did not run              unknown: the store was unreachable  Retry
 //	OutcomeStoreFull         did not run              none: the store has no room         Retry
 //	OutcomeCanceled          did not run              none: the caller's context ended    Retry
+//	OutcomeRefused           refused the call         released                            Permanent
+//	                         for good (ErrPermanent)
 //	OutcomeMismatch          did not run              another call's, untouched           Permanent
 //	OutcomeCorrupt           did not run              unreadable                          Permanent
 //	OutcomeTooLarge          rolled back              released                            Permanent
@@ -93,6 +95,11 @@ const (
 	// OutcomeCanceled: the caller's context ended before the record was
 	// acquired; nothing ran.
 	OutcomeCanceled
+	// OutcomeRefused: the work refused the call for good: its error wraps
+	// ErrPermanent (see Permanent; a state record's conflict does). The
+	// key was released, as for OutcomeReleased, but the same call would be
+	// refused again: do not retry it.
+	OutcomeRefused
 	// OutcomeMismatch: the key was used with another payload or by another
 	// operation; the record is untouched.
 	OutcomeMismatch
@@ -112,7 +119,7 @@ const (
 var outcomeNames = [outcomeEnd]string{"",
 	"stored", "omitted", "committed", "replayed", "replayed_omitted", "unrecorded", "unprotected",
 	"released", "in_flight", "lease_lost", "commit_unknown", "store_unavailable", "store_full", "canceled",
-	"mismatch", "corrupt", "too_large", "invalid"}
+	"refused", "mismatch", "corrupt", "too_large", "invalid"}
 
 // String returns the outcome's lower-case name, suitable as a metric label.
 func (o Outcome) String() string {
@@ -137,7 +144,7 @@ func Outcomes() []Outcome {
 func (o Outcome) Ran() bool {
 	switch o {
 	case OutcomeStored, OutcomeOmitted, OutcomeCommitted, OutcomeUnrecorded, OutcomeUnprotected,
-		OutcomeReleased, OutcomeLeaseLost, OutcomeCommitUnknown, OutcomeTooLarge:
+		OutcomeReleased, OutcomeRefused, OutcomeLeaseLost, OutcomeCommitUnknown, OutcomeTooLarge:
 		return true
 	}
 	return false
@@ -179,7 +186,7 @@ func (o Outcome) Class() Class {
 	case OutcomeReleased, OutcomeInFlight, OutcomeLeaseLost, OutcomeCommitUnknown,
 		OutcomeStoreUnavailable, OutcomeStoreFull, OutcomeCanceled:
 		return ClassRetry
-	case OutcomeMismatch, OutcomeCorrupt, OutcomeTooLarge, OutcomeInvalid:
+	case OutcomeRefused, OutcomeMismatch, OutcomeCorrupt, OutcomeTooLarge, OutcomeInvalid:
 		return ClassPermanent
 	}
 	return 0

@@ -104,6 +104,18 @@ func TestDoReportsEveryOutcome(t *testing.T) {
 			})
 			return res, err, want{err: declined}
 		},
+		idempotency.OutcomeRefused: func(t *testing.T) (idempotency.Result[string], error, want) {
+			conflict := errors.New("the payment was canceled meanwhile")
+			r := idempotency.NewRunner(newMemStore(t))
+			res, err := idempotency.Do(ctx, r, call("k"), func(context.Context) (string, error) {
+				return "", idempotency.Permanent(conflict)
+			})
+			// The key was released: another call with it runs.
+			if again, _ := idempotency.Do(ctx, r, call("k"), ok); again.Outcome != idempotency.OutcomeStored {
+				t.Errorf("after a refusal the key's next call got %v, want it run", again.Outcome)
+			}
+			return res, err, want{err: conflict}
+		},
 		idempotency.OutcomeInFlight: func(t *testing.T) (idempotency.Result[string], error, want) {
 			r := idempotency.NewRunner(newMemStore(t))
 			started, release := make(chan struct{}), make(chan struct{})
@@ -232,7 +244,8 @@ func TestOutcomeClasses(t *testing.T) {
 			idempotency.OutcomeReplayed, idempotency.OutcomeReplayedOmitted, idempotency.OutcomeUnrecorded, idempotency.OutcomeUnprotected},
 		idempotency.ClassRetry: {idempotency.OutcomeReleased, idempotency.OutcomeInFlight, idempotency.OutcomeLeaseLost,
 			idempotency.OutcomeCommitUnknown, idempotency.OutcomeStoreUnavailable, idempotency.OutcomeStoreFull, idempotency.OutcomeCanceled},
-		idempotency.ClassPermanent: {idempotency.OutcomeMismatch, idempotency.OutcomeCorrupt, idempotency.OutcomeTooLarge, idempotency.OutcomeInvalid},
+		idempotency.ClassPermanent: {idempotency.OutcomeRefused, idempotency.OutcomeMismatch, idempotency.OutcomeCorrupt,
+			idempotency.OutcomeTooLarge, idempotency.OutcomeInvalid},
 	}
 	seen := map[idempotency.Outcome]bool{}
 	for class, os := range want {

@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/go-idempotency/idempotency"
@@ -32,10 +36,16 @@ var charges = grpc.ServiceDesc{
 			}
 			info := &grpc.UnaryServerInfo{Server: srv, FullMethod: "/payments.v1.Payments/Charge"}
 			return interceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-				return srv.(*chargeServer).Charge(ctx, req.(*structpb.Struct))
+				return srv.(charger).Charge(ctx, req.(*structpb.Struct))
 			})
 		},
 	}},
+}
+
+// charger is the service's server API, which generated code would declare
+// as PaymentsServer.
+type charger interface {
+	Charge(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error)
 }
 
 type chargeServer struct{ charged atomic.Int64 }
@@ -88,4 +98,63 @@ func Example() {
 	// ch_1 replayed: []
 	// ch_1 replayed: [true]
 	// charged 1 time(s)
+}
+
+// busyServer answers its first call UNAVAILABLE, as a service whose card
+// processor was busy would, and charges on the next; it says whether that
+// call came with the first one's key.
+type busyServer struct {
+	mu       sync.Mutex
+	firstKey string
+}
+
+func (s *busyServer) Charge(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
+	info, _ := idempotency.FromContext(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.firstKey == "" {
+		s.firstKey = info.Key
+		fmt.Println("call 1: busy")
+		return nil, status.Error(codes.Unavailable, "card processor busy")
+	}
+	fmt.Println("call 2: charged, under the key of call 1:", info.Key == s.firstKey)
+	return structpb.NewStruct(map[string]any{"charge_id": "ch_1"})
+}
+
+// The client interceptor gives a call a key of its own (a random UUID)
+// and retries it with that key when the server answers UNAVAILABLE: here
+// the server released the key, as its handler's code asks, and runs the
+// retry; had the first answer been lost instead, the retry would get its
+// replay.
+func ExampleUnaryClientInterceptor() {
+	store := memstore.New()
+	defer store.Close()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(idempotency.NewRunner(store))))
+	srv.RegisterService(&charges, &busyServer{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	conn, err := grpc.NewClient(lis.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(
+			idemgrpc.WithBackoff(time.Millisecond, 10*time.Millisecond))))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	req, _ := structpb.NewStruct(map[string]any{"amount": 1999, "currency": "EUR"})
+	resp := new(structpb.Struct)
+	if err := conn.Invoke(context.Background(), "/payments.v1.Payments/Charge", req, resp); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(resp.Fields["charge_id"].GetStringValue())
+	// Output:
+	// call 1: busy
+	// call 2: charged, under the key of call 1: true
+	// ch_1
 }

@@ -36,13 +36,14 @@ type reply struct {
 var outcomeReplies = map[idempotency.Outcome]reply{
 	// The handler ran in this call: its answer, whether or not it was
 	// stored whole (Omitted), or at all (Unrecorded, Unprotected: its
-	// effects stand; Released: its error released the key).
+	// effects stand; Released, Refused: its error released the key).
 	idempotency.OutcomeStored:      {send: sendHandler},
 	idempotency.OutcomeOmitted:     {send: sendHandler},
 	idempotency.OutcomeCommitted:   {send: sendHandler},
 	idempotency.OutcomeUnrecorded:  {send: sendHandler},
 	idempotency.OutcomeUnprotected: {send: sendHandler},
 	idempotency.OutcomeReleased:    {send: sendHandler},
+	idempotency.OutcomeRefused:     {send: sendHandler}, // its error says why, for good
 
 	// A duplicate: the stored outcome, or what survived of it.
 	idempotency.OutcomeReplayed:        {send: sendReplay},

@@ -74,7 +74,9 @@ const MetadataOmitted = "idempotent-omitted"
 // are not available to the handler, as under any interceptor that wraps the
 // server transport stream. Every outcome of idempotency.Do is answered as
 // the package's README lists. Events, logs and metrics name the route with
-// the full method.
+// the full method. A handler's error of package state is answered with its
+// status: ABORTED for a state record's conflict, with the record as it is
+// now (see ReasonStateConflict and the reasons beside it).
 //
 // UnaryServerInterceptor panics when r is nil.
 func UnaryServerInterceptor(r *idempotency.Runner, opts ...ServerOption) grpc.UnaryServerInterceptor {
@@ -100,6 +102,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !s.cfg.covers(info.FullMethod) {
 		return handler(ctx, req)
 	}
+	handler = withStateStatuses(handler)
 	key, field, err := s.key(ctx, req)
 	switch {
 	case err != nil:

@@ -93,6 +93,8 @@ func ExampleSchema() {
 	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_order_idx"
 	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_claim_idx"
 	// CREATE INDEX IF NOT EXISTS "idempotency_outbox_finished_idx"
+	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_state" (
+	// CREATE TABLE IF NOT EXISTS "billing"."idempotency_state_history" (
 }
 
 // Transactional completion for any function: a message consumer applies a

@@ -1,6 +1,6 @@
 module github.com/go-idempotency/idempotency/adapters/otel
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/go-idempotency/idempotency v0.0.0

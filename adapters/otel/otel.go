@@ -84,6 +84,13 @@
 //	idempotency.outbox.reclaimed         counter    {message}  idempotency.outbox.relay, messaging.destination.name
 //	idempotency.outbox.fenced            counter    {message}  idempotency.outbox.relay, messaging.destination.name
 //	idempotency.outbox.purged            counter    {message}  idempotency.outbox.relay
+//	idempotency.outbox.extended          counter    {message}  idempotency.outbox.relay
+//	idempotency.outbox.released          counter    {message}  idempotency.outbox.relay
+//	idempotency.outbox.claim_lost        counter    {message}  idempotency.outbox.relay, messaging.destination.name
+//	idempotency.outbox.refused           counter    {message}  idempotency.outbox.relay, messaging.destination.name
+//	idempotency.outbox.unreadable        counter    {message}  idempotency.outbox.relay, messaging.destination.name
+//	idempotency.outbox.suspended         counter    {message}  idempotency.outbox.relay, messaging.destination.name
+//	idempotency.outbox.canceled          counter    {message}  idempotency.outbox.relay, messaging.destination.name
 //	idempotency.outbox.errors            counter    {error}    idempotency.outbox.relay
 //	idempotency.outbox.publish.duration  histogram  s          idempotency.outbox.relay, messaging.destination.name
 //	idempotency.outbox.age               histogram  s          idempotency.outbox.relay, messaging.destination.name

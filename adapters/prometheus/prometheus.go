@@ -61,6 +61,13 @@
 //	idempotency_outbox_reclaimed_total{relay, topic}          counter
 //	idempotency_outbox_fenced_total{relay, topic}             counter
 //	idempotency_outbox_purged_total{relay}                    counter
+//	idempotency_outbox_extended_total{relay}                  counter
+//	idempotency_outbox_released_total{relay}                  counter
+//	idempotency_outbox_claim_lost_total{relay, topic}         counter
+//	idempotency_outbox_refused_total{relay, topic}            counter
+//	idempotency_outbox_unreadable_total{relay, topic}         counter
+//	idempotency_outbox_suspended_total{relay, topic}          counter
+//	idempotency_outbox_canceled_total{relay, topic}           counter
 //	idempotency_outbox_errors_total{relay}                    counter
 //	idempotency_outbox_publish_duration_seconds{relay, topic} histogram
 //	idempotency_outbox_age_seconds{relay, topic}              histogram

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/template"
 )
@@ -227,27 +228,41 @@ func values(d dirs) map[string]string {
 	return v
 }
 
-// outboxValues adds the outbox's cells to v: the relay's throughput beside
-// the plain publishing loop's, commit-to-stream latency, and the cost of
-// an enqueued message on a transactional route.
+// The outbox relay's targets: at its defaults it drains a backlog at
+// least at outboxLimitShare of JetStream's own asynchronous publication
+// measured in the same run, in at most outboxFloorLimit times its floor's
+// time per message; one message's commit-to-stream p99 is under
+// outboxP99 milliseconds.
+const (
+	outboxLimitShare = 0.25
+	outboxFloorLimit = 1.2
+	outboxP99        = 50.0
+)
+
+// river is River's throughput with a worker publishing each job's message,
+// by workers, from the earlier side-by-side: River is not in this
+// repository, so its figures are quoted, not measured.
+var river = []struct {
+	workers int
+	rate    float64
+}{{1, 580}, {4, 1941}, {100, 14715}}
+
+// brokerNames are the outbox benchmark's brokers, as the cells name them.
+var brokerNames = map[string]string{"jetstream": "JetStream", "rabbitmq": "RabbitMQ"}
+
+// outboxValues adds the outbox's cells to v: the relay's throughput
+// beside the broker's limit, its floor and a plain publishing loop, what a
+// message costs the database and the CPUs, commit-to-stream latency, and
+// the cost of an enqueued message on a transactional route.
 func outboxValues(d dirs, v map[string]string) {
-	thr := d.medians("outbox-throughput.txt", "-row", "/broker,/concurrency", "-col", "/side")
-	var parts []string
-	for _, broker := range []string{"jetstream", "rabbitmq"} {
-		for _, c := range []string{"1", "4"} {
-			relay, ok1 := thr[cell{"msgs/s", broker + " " + c, "relay"}]
-			plain, ok2 := thr[cell{"msgs/s", broker + " " + c, "plain"}]
-			if ok1 && ok2 && plain > 0 {
-				parts = append(parts, fmt.Sprintf("%s, concurrency %s: relay %.0f msgs/s, plain loop %.0f msgs/s (%.2f×)", map[string]string{"jetstream": "JetStream", "rabbitmq": "RabbitMQ"}[broker], c, relay, plain, relay/plain))
-			}
-		}
-	}
-	v["outbox_throughput"] = strings.Join(parts, "; ")
+	outboxThroughput(d.medians("outbox-throughput.txt", "-row", "/broker,/concurrency", "-col", "/side"), cpuCores(d), v)
 	lat := d.medians("outbox-latency.txt", "-col", ".name")
 	p50, ok1 := lat[cell{"p50-ms", "", "CommitToStream"}]
 	p99, ok2 := lat[cell{"p99-ms", "", "CommitToStream"}]
 	if ok1 && ok2 {
-		v["outbox_latency"] = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", p50, p99)
+		v["outbox_latency"] = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms | %s", p50, p99, verdict(p99 < outboxP99))
+	} else {
+		v["outbox_latency"] = notMeasured
 	}
 	route := d.medians("outbox-route.txt", "-row", ".name", "-col", "/side", "-ignore", "/round")
 	with, ok1 := route[cell{"sec/op", "EnqueueCost", "outbox"}]
@@ -255,6 +270,135 @@ func outboxValues(d dirs, v map[string]string) {
 	if ok1 && ok2 && without > 0 {
 		v["outbox_route"] = fmt.Sprintf("%s (%s per request with the message, %s without)", ratio(with/without), micros(with), micros(without))
 	}
+}
+
+// outboxThroughput adds the cells of the throughput benchmark to v, from
+// its medians thr (rows broker and concurrency, columns the side), on a
+// machine of cores (0: unknown).
+func outboxThroughput(thr map[cell]float64, cores int, v map[string]string) {
+	// at returns the median of unit for side, in the row of broker at
+	// concurrency c ("" for the rows without one: limit, batch, floor).
+	at := func(unit, broker, c, side string) (float64, bool) {
+		x, ok := thr[cell{unit, strings.TrimSpace(broker + " " + c), side}]
+		return x, ok && x > 0
+	}
+	rate := func(broker, c, side string) (float64, bool) { return at("msgs/s", broker, c, side) }
+
+	var limitParts, floorParts, thrParts, costParts, cpuParts, riverParts []string
+	limitMet, floorMet := false, true
+	for _, broker := range []string{"jetstream", "rabbitmq"} {
+		name := brokerNames[broker]
+		limit, okL := rate(broker, "", "limit")
+		floor, okF := rate(broker, "", "floor")
+		relay, okR := rate(broker, "1", "relay")
+		if okL && okR {
+			share := relay / limit
+			if broker == "jetstream" {
+				limitMet = share >= outboxLimitShare
+			}
+			limitParts = append(limitParts, fmt.Sprintf("%s: relay %.0f msgs/s, the broker's limit %.0f msgs/s: %.2f×", name, relay, limit, share))
+		} else {
+			limitParts = append(limitParts, name+" not measured")
+		}
+		if okF && okR {
+			slower := floor / relay // the relay's time per message over the floor's
+			floorMet = floorMet && slower <= outboxFloorLimit
+			floorParts = append(floorParts, fmt.Sprintf("%s: relay %.0f msgs/s, floor %.0f msgs/s: %s the floor's time per message", name, relay, floor, ratio(slower)))
+		} else {
+			floorMet = false
+			floorParts = append(floorParts, name+" not measured")
+		}
+
+		var rows []string
+		for _, side := range []struct{ label, c, side string }{
+			{"limit", "", "limit"}, {"PublishBatch", "", "batch"}, {"floor", "", "floor"},
+			{"relay", "1", "relay"}, {"relay at concurrency 4", "4", "relay"}, {"relay through Publish alone, concurrency 4", "4", "relay-each"},
+			{"plain loop", "1", "plain"}, {"plain loop at concurrency 4", "4", "plain"},
+		} {
+			if x, ok := rate(broker, side.c, side.side); ok {
+				text := fmt.Sprintf("%s %.0f", side.label, x)
+				if okL && side.side != "limit" {
+					text += fmt.Sprintf(" (%.2f×)", x/limit)
+				}
+				rows = append(rows, text)
+			}
+		}
+		if rows != nil {
+			thrParts = append(thrParts, fmt.Sprintf("%s, msgs/s (over the limit): %s", name, strings.Join(rows, ", ")))
+		}
+
+		var costs []string
+		for _, side := range []struct{ label, c, side string }{{"relay", "1", "relay"}, {"floor", "", "floor"}} {
+			commits, ok1 := at("commits/msg", broker, side.c, side.side)
+			wal, ok2 := at("WAL-B/msg", broker, side.c, side.side)
+			if !ok1 || !ok2 {
+				continue
+			}
+			c := fmt.Sprintf("%s %.4f commits and %.0f B of WAL per message", side.label, commits, wal)
+			if own, ok := at("own-WAL-B/msg", broker, side.c, side.side); ok {
+				c += fmt.Sprintf(" (%.0f B of it the database's)", own)
+			}
+			if hot, ok := thr[cell{"HOT-%", strings.TrimSpace(broker + " " + side.c), side.side}]; ok {
+				c += fmt.Sprintf(", %.0f%% of the row updates HOT", hot)
+			}
+			costs = append(costs, c)
+		}
+		if costs != nil {
+			costParts = append(costParts, name+": "+strings.Join(costs, "; "))
+		}
+
+		var cpus []string
+		for _, side := range []struct{ label, c, side string }{{"relay", "1", "relay"}, {"floor", "", "floor"}, {"limit", "", "limit"}} {
+			proc, ok := at("proc-cpu-µs/msg", broker, side.c, side.side)
+			if !ok {
+				continue
+			}
+			total := proc
+			c := fmt.Sprintf("%s %.1f µs in its process", side.label, proc)
+			if pg, ok := at("pg-cpu-µs/msg", broker, side.c, side.side); ok {
+				c += fmt.Sprintf(", %.1f in PostgreSQL", pg)
+				total += pg
+			}
+			if b, ok := at("broker-cpu-µs/msg", broker, side.c, side.side); ok {
+				c += fmt.Sprintf(", %.1f in the broker", b)
+				total += b
+			}
+			if cores > 0 {
+				c += fmt.Sprintf(": %.1f µs, at most %.0f msgs/s on %d cores", total, float64(cores)*1e6/total, cores)
+			}
+			cpus = append(cpus, c)
+		}
+		if cpus != nil {
+			cpuParts = append(cpuParts, name+": "+strings.Join(cpus, "; "))
+		}
+
+		var ahead []string
+		r1, ok1 := rate(broker, "1", "relay")
+		r4, ok4 := rate(broker, "4", "relay")
+		if ok1 && ok4 {
+			for _, rv := range river {
+				ours := r1
+				if rv.workers >= 4 {
+					ours = max(r1, r4)
+				}
+				ahead = append(ahead, fmt.Sprintf("%d %s %.0f against %.0f (%.1f×)", rv.workers, map[bool]string{true: "workers", false: "worker"}[rv.workers > 1], ours, rv.rate, ours/rv.rate))
+			}
+			riverParts = append(riverParts, name+": "+strings.Join(ahead, ", "))
+		}
+	}
+	v["outbox_limit"] = strings.Join(limitParts, "; ") + " | " + verdict(limitMet)
+	v["outbox_floor"] = strings.Join(floorParts, "; ") + " | " + verdict(floorMet)
+	v["outbox_throughput"] = strings.Join(thrParts, ". ")
+	v["outbox_cost"] = strings.Join(costParts, ". ")
+	v["outbox_cpu"] = strings.Join(cpuParts, ". ")
+	v["outbox_river"] = strings.Join(riverParts, ". ")
+}
+
+// cpuCores returns the machine's cores as results/machine.txt gives them,
+// 0 when it does not.
+func cpuCores(d dirs) int {
+	n, _ := strconv.Atoi(readMachine(d)["Cores"])
+	return n
 }
 
 // flat judges whether the cost per request of a replay and of a first

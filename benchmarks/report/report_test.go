@@ -77,3 +77,47 @@ func TestRoundTrips(t *testing.T) {
 		t.Errorf("one skipped: %s", got)
 	}
 }
+
+// TestOutboxCells: the relay's share of the broker's limit is judged on
+// JetStream, its time per message against the floor's on both brokers,
+// and the CPU cell gives the throughput the CPU time allows.
+func TestOutboxCells(t *testing.T) {
+	thr := map[cell]float64{}
+	put := func(broker, c, side string, rate float64, more ...float64) {
+		row := strings.TrimSpace(broker + " " + c)
+		thr[cell{"msgs/s", row, side}] = rate
+		if len(more) == 3 {
+			thr[cell{"proc-cpu-µs/msg", row, side}] = more[0]
+			thr[cell{"pg-cpu-µs/msg", row, side}] = more[1]
+			thr[cell{"broker-cpu-µs/msg", row, side}] = more[2]
+		}
+	}
+	put("jetstream", "", "limit", 80000)
+	put("jetstream", "", "floor", 22000)
+	put("jetstream", "1", "relay", 21000, 20, 40, 14)
+	put("jetstream", "4", "relay", 20500)
+	put("rabbitmq", "", "limit", 13000)
+	put("rabbitmq", "", "floor", 9000)
+	put("rabbitmq", "1", "relay", 7000)
+	put("rabbitmq", "4", "relay", 7100)
+	v := map[string]string{}
+	outboxThroughput(thr, 2, v)
+	if got := v["outbox_limit"]; !strings.Contains(got, "JetStream: relay 21000 msgs/s, the broker's limit 80000 msgs/s: 0.26×") || !strings.HasSuffix(got, "**met**") {
+		t.Errorf("limit cell: %s", got)
+	}
+	if got := v["outbox_floor"]; !strings.Contains(got, "JetStream: relay 21000 msgs/s, floor 22000 msgs/s: 1.05×") ||
+		!strings.Contains(got, "RabbitMQ: relay 7000 msgs/s, floor 9000 msgs/s: 1.29×") || !strings.HasSuffix(got, "**not met**") {
+		t.Errorf("floor cell: %s", got)
+	}
+	if got := v["outbox_cpu"]; !strings.Contains(got, "relay 20.0 µs in its process, 40.0 in PostgreSQL, 14.0 in the broker: 74.0 µs, at most 27027 msgs/s on 2 cores") {
+		t.Errorf("CPU cell: %s", got)
+	}
+	if got := v["outbox_river"]; !strings.Contains(got, "JetStream: 1 worker 21000 against 580 (36.2×), 4 workers 21000 against 1941 (10.8×), 100 workers 21000 against 14715 (1.4×)") {
+		t.Errorf("River cell: %s", got)
+	}
+	thr[cell{"msgs/s", "jetstream 1", "relay"}] = 19000 // 0.24×
+	outboxThroughput(thr, 2, v)
+	if got := v["outbox_limit"]; !strings.HasSuffix(got, "**not met**") {
+		t.Errorf("a relay at 0.24× of the limit: %s", got)
+	}
+}

@@ -52,6 +52,7 @@ var settlements = map[idempotency.Outcome]settlement{
 	idempotency.OutcomeCanceled:         nakQuiet,
 
 	// Permanent: a redelivery would meet the same.
+	idempotency.OutcomeRefused:  term, // the handler refused it for good (idempotency.ErrPermanent)
 	idempotency.OutcomeMismatch: term,
 	idempotency.OutcomeCorrupt:  term,
 	idempotency.OutcomeTooLarge: term,

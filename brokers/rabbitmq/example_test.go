@@ -137,3 +137,30 @@ func ExampleWithDeliveryLimit() {
 	// reject 4 true
 	// idemrabbit: last delivery (delivery 4, x-delivery-limit 3), rejected: released: card service down
 }
+
+// A message that reaches the queue twice under one message_id (the relay
+// published it again) is applied once: the second delivery replays the
+// first one's result and is acked.
+func ExampleProcessor_Process() {
+	store := memstore.New()
+	defer store.Close()
+	applied := 0
+	p := idemrabbit.NewProcessor(idempotency.NewRunner(store), "ledger.apply",
+		func(context.Context, amqp.Delivery) (string, error) {
+			applied++
+			return fmt.Sprint("ledger row ", applied), nil
+		})
+
+	for range 2 {
+		d := amqp.Delivery{Acknowledger: printAcks{}, MessageId: "pay_7/1", Body: []byte(`{"amount":1999}`)}
+		res, s, err := p.Process(context.Background(), d)
+		fmt.Println(res.Value, "replayed:", res.Replayed, s.Action, err)
+	}
+	fmt.Println("applied", applied, "time(s)")
+	// Output:
+	// ack
+	// ledger row 1 replayed: false ack <nil>
+	// ack
+	// ledger row 1 replayed: true ack <nil>
+	// applied 1 time(s)
+}

@@ -54,6 +54,7 @@ var settlements = map[idempotency.Outcome]rule{
 	idempotency.OutcomeStoreFull:        {action: retry},
 	idempotency.OutcomeCanceled:         {action: retry}, // ctx ended: no backoff is held
 
+	idempotency.OutcomeRefused:  {action: reject}, // the handler refused it for good (idempotency.ErrPermanent)
 	idempotency.OutcomeMismatch: {action: reject},
 	idempotency.OutcomeCorrupt:  {action: reject},
 	idempotency.OutcomeTooLarge: {action: reject}, // the middleware's; Do never returns it

@@ -1,7 +1,7 @@
 // Command idemctl inspects and repairs the records that the idempotency
 // middleware keeps in Redis (redisstore) or PostgreSQL (pgstore), and the
-// messages of the transactional outbox (package outbox), and checks that
-// the server keeps them safely.
+// messages of the transactional outbox (package outbox), shows state
+// records (package state), and checks that the server keeps them safely.
 //
 //	idemctl key     -scope user-42 -key 4b1c…            # scope + client key → storage key
 //	idemctl inspect -redis 127.0.0.1:6379 -scope user-42 -key 4b1c…
@@ -9,10 +9,15 @@
 //	idemctl release -redis 127.0.0.1:6379 3f0c…e9
 //	idemctl stats   -postgres "$DATABASE_URL"
 //	idemctl check   -redis 127.0.0.1:6379               # exit status 1 when unsafe
-//	idemctl outbox  -postgres "$DATABASE_URL"           # outbox messages by status, the relays' lag
+//	idemctl outbox  -postgres "$DATABASE_URL"           # outbox messages by state, the relays' lag
 //	idemctl outbox dead    -postgres "$DATABASE_URL"    # dead messages and why they died
+//	idemctl outbox schedule -postgres "$DATABASE_URL" -in 1h 3f0c…e9/1
+//	idemctl outbox cancel  -postgres "$DATABASE_URL" 3f0c…e9/1
+//	idemctl outbox suspend -postgres "$DATABASE_URL" -topic payments.capture
+//	idemctl outbox resume  -postgres "$DATABASE_URL" -topic payments.capture
 //	idemctl outbox requeue -postgres "$DATABASE_URL" 3f0c…e9/1
 //	idemctl outbox purge   -postgres "$DATABASE_URL" -done -older 72h
+//	idemctl state   -postgres "$DATABASE_URL" -scope acme -machine payments.payment -id pay_123
 //
 // Run idemctl -h for the commands and idemctl <command> -h for each
 // command's manual. RUNBOOK.md at the repository's root puts them to use.
@@ -74,7 +79,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{keyCmd, inspectCmd, listCmd, deleteCmd, releaseCmd, statsCmd, checkCmd, outboxCmd}
+	commands = []*command{keyCmd, inspectCmd, listCmd, deleteCmd, releaseCmd, statsCmd, checkCmd, outboxCmd, stateCmd}
 }
 
 const topUsage = `idemctl inspects and repairs the records of the idempotency middleware in
@@ -86,8 +91,8 @@ Usage:
 
 Commands:
 %s
-Connection (flags of every command but key, of which outbox takes -postgres,
--table and -timeout; a flag wins over the environment):
+Connection (flags of every command but key, of which outbox and state take
+-postgres, -table and -timeout; a flag wins over the environment):
   -redis ADDR|URL     Redis: host:port or redis://[user:password@]host:port[/db]
                       (environment: REDIS_URL, then REDIS_ADDR; REDIS_PASSWORD)
   -cluster            -redis names the seed nodes of a Redis Cluster, comma-separated
@@ -95,7 +100,8 @@ Connection (flags of every command but key, of which outbox takes -postgres,
   -postgres URL       PostgreSQL: a connection string (environment: DATABASE_URL)
   -prefix P           the redisstore prefix (default "idempotency:")
   -table T            the pgstore table (default idempotency_records; outbox:
-                      the outbox table, default idempotency_outbox)
+                      the outbox table, default idempotency_outbox; state: the
+                      state records' table, default idempotency_state)
   -timeout D          give up after D (default 30s; 0 never)
 
 A record is named by -scope and -key (what the middleware's key scope returned
