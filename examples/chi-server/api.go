@@ -23,6 +23,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/pgstore"
+	"github.com/go-idempotency/idempotency/state"
 )
 
 // payment is the resource the API creates.
@@ -32,6 +33,17 @@ type payment struct {
 	Amount   int64     `json:"amount"`
 	Currency string    `json:"currency"`
 	Created  time.Time `json:"created"`
+	// Status is, in PostgreSQL mode, authorized (its capture scheduled),
+	// captured or canceled.
+	Status string `json:"status,omitempty"`
+	// CaptureAt is when an authorized payment is to be captured, or when a
+	// captured one was.
+	CaptureAt *time.Time `json:"capture_at,omitempty"`
+	// State and Version are, in PostgreSQL mode, those of the payment's
+	// state record (see states.go): the version is what a client sends
+	// back as If-Match to capture or cancel the payment as it saw it.
+	State   string `json:"state,omitempty"`
+	Version int64  `json:"version,omitempty"`
 }
 
 // api serves the payments. Without a database it keeps them in memory;
@@ -40,10 +52,15 @@ type payment struct {
 type api struct {
 	store  idempotency.Store
 	db     *pgxpool.Pool // PostgreSQL mode; nil otherwise
+	states *state.Store  // PostgreSQL mode: the payments' state records
 	logger *slog.Logger
 	// events, in PostgreSQL mode, makes each payment enqueue a
 	// payment.created message in its transaction.
 	events bool
+	// captureAfter, in PostgreSQL mode, makes each payment authorized, its
+	// capture scheduled that long after it (see captures.go); 0 captures
+	// it as it is made.
+	captureAfter time.Duration
 
 	mu       sync.Mutex
 	payments map[string]payment // without db
@@ -53,7 +70,11 @@ type api struct {
 // newAPI returns the API over store; db, when not nil, is the database of
 // a pgstore.Store, which then also holds the payments.
 func newAPI(store idempotency.Store, db *pgxpool.Pool, logger *slog.Logger) *api {
-	return &api{store: store, db: db, logger: logger, payments: map[string]payment{}}
+	a := &api{store: store, db: db, logger: logger, payments: map[string]payment{}}
+	if db != nil {
+		a.states = state.New(db)
+	}
+	return a
 }
 
 func (a *api) routes() http.Handler {
@@ -82,7 +103,15 @@ func (a *api) routes() http.Handler {
 			opts = append(opts, idempotency.WithTransaction(true))
 			create = a.createPaymentTx
 		}
-		r.With(idempotency.New(a.store, opts...)).Post("/payments", create)
+		idem := idempotency.New(a.store, opts...)
+		r.With(idem).Post("/payments", create)
+		if a.db != nil && a.captureAfter > 0 {
+			// A capture's or a cancel's writes (the state record's
+			// transition and its event, the payment's row, the capture
+			// message's cancel) commit together, in its transaction.
+			r.With(idem).Post("/payments/{id}/capture", a.settle(stateCaptured))
+			r.With(idem).Post("/payments/{id}/cancel", a.settle(stateCanceled))
+		}
 		r.Get("/payments/{id}", a.getPayment)
 	})
 	return r
@@ -167,32 +196,73 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, _ := idempotency.FromContext(r.Context())
-	tx, ok := pgstore.TxFromContext(r.Context())
+	tx, ok := requestTx(w, r, a)
 	if !ok {
-		a.serverError(w, r, http.StatusInternalServerError, "no transaction",
-			errors.New("the route has no transaction: its middleware needs idempotency.WithTransaction(true) on a pgstore.Store"))
 		return
+	}
+	// With scheduled captures the payment is authorized now and captured
+	// later; without, it is captured now.
+	p.Status = stateCaptured
+	if a.captureAfter > 0 {
+		at := time.Now().Add(a.captureAfter)
+		p.Status, p.CaptureAt = stateAuthorized, &at
 	}
 	var id int64
 	err := tx.QueryRow(r.Context(),
-		`INSERT INTO payments (user_name, idempotency_key, amount, currency) VALUES ($1, $2, $3, $4) RETURNING id, created`,
-		p.User, info.Key, p.Amount, p.Currency).Scan(&id, &p.Created)
+		`INSERT INTO payments (user_name, idempotency_key, amount, currency, status, capture_at)
+		VALUES ($1, $2, $3, $4, $5, coalesce($6, now())) RETURNING id, created, capture_at`,
+		p.User, info.Key, p.Amount, p.Currency, p.Status, p.CaptureAt).Scan(&id, &p.Created, &p.CaptureAt)
 	if err != nil {
 		a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("inserting a payment: %w", err))
 		return
 	}
+	// The payment's state record, at its status (authorized, or captured
+	// without scheduled captures), in the same transaction: a payment
+	// whose provider fails leaves neither.
+	rec, err := a.states.Create(r.Context(), paymentRef(p.User, paymentID(id)), p.Status, recordData(p))
+	if err != nil {
+		a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("creating a payment's state record: %w", err))
+		return
+	}
+	p.State, p.Version = rec.State, rec.Version
 	if !a.charge(w, r) {
 		return
 	}
-	p.ID, p.Created = paymentID(id), p.Created.UTC()
+	p.ID, p.Created, p.CaptureAt = paymentID(id), p.Created.UTC(), utc(p.CaptureAt)
 	if a.events {
 		if err := enqueueCreated(r.Context(), p); err != nil {
 			a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("enqueueing payment.created: %w", err))
 			return
 		}
 	}
+	if p.Status == stateAuthorized {
+		if err := scheduleCapture(r.Context(), tx, id, *p.CaptureAt); err != nil {
+			a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("scheduling the capture: %w", err))
+			return
+		}
+	}
 	w.Header().Set("Location", "/payments/"+p.ID)
 	writeJSON(w, http.StatusCreated, p)
+}
+
+// requestTx returns the request's transaction, or answers 500: the route
+// has none without idempotency.WithTransaction(true) on a pgstore.Store.
+func requestTx(w http.ResponseWriter, r *http.Request, a *api) (pgx.Tx, bool) {
+	tx, ok := pgstore.TxFromContext(r.Context())
+	if !ok {
+		a.serverError(w, r, http.StatusInternalServerError, "no transaction",
+			errors.New("the route has no transaction: its middleware needs idempotency.WithTransaction(true) on a pgstore.Store"))
+	}
+	return tx, ok
+}
+
+// utc returns t in UTC, nil for nil.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // topicPaymentCreated is the topic of the message each payment enqueues
@@ -220,6 +290,14 @@ func enqueueCreated(ctx context.Context, p payment) error {
 // paymentID is the API's name of the payments row id.
 func paymentID(id int64) string { return "pay_" + strconv.FormatInt(id, 10) }
 
+// parsePaymentID returns the payments row id that the API's name id
+// stands for, and false when it is not one.
+func parsePaymentID(id string) (int64, bool) {
+	digits, ok := strings.CutPrefix(id, "pay_")
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, ok && err == nil
+}
+
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 	p, found, err := a.lookup(r.Context(), chi.URLParam(r, "id"))
 	if err != nil {
@@ -242,19 +320,36 @@ func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
 		p, ok := a.payments[id]
 		return p, ok, nil
 	}
-	digits, ok := strings.CutPrefix(id, "pay_")
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if !ok || err != nil {
+	n, ok := parsePaymentID(id)
+	if !ok {
 		return payment{}, false, nil
 	}
-	p := payment{ID: id}
-	err = a.db.QueryRow(ctx, `SELECT user_name, amount, currency, created FROM payments WHERE id = $1`, n).
-		Scan(&p.User, &p.Amount, &p.Currency, &p.Created)
+	p, err := readPaymentRow(ctx, a.db, n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return payment{}, false, nil
 	}
-	p.Created = p.Created.UTC()
-	return p, err == nil, err
+	if err != nil {
+		return payment{}, false, err
+	}
+	rec, err := a.states.Get(ctx, paymentRef(p.User, p.ID))
+	switch {
+	case errors.Is(err, state.ErrNotFound): // a payment made before its server kept records
+	case err != nil:
+		return payment{}, false, err
+	default:
+		p.State, p.Version = rec.State, rec.Version
+	}
+	return p, true, nil
+}
+
+// readPaymentRow reads the payments row id on db. The error wraps
+// pgx.ErrNoRows when there is no such row.
+func readPaymentRow(ctx context.Context, db *pgxpool.Pool, id int64) (payment, error) {
+	p := payment{ID: paymentID(id)}
+	err := db.QueryRow(ctx, `SELECT user_name, amount, currency, created, status, capture_at FROM payments WHERE id = $1`, id).
+		Scan(&p.User, &p.Amount, &p.Currency, &p.Created, &p.Status, &p.CaptureAt)
+	p.Created, p.CaptureAt = p.Created.UTC(), utc(p.CaptureAt)
+	return p, err
 }
 
 // stats answers how many payments were made: in PostgreSQL mode the rows

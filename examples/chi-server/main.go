@@ -24,16 +24,38 @@
 // chose: each user's keys and stored responses are their own. GET /stats
 // needs no token.
 //
+// In PostgreSQL mode a payment is authorized, and its capture scheduled
+// -capture-after later (default 30s): an outbox message enqueued in the
+// payment's transaction with a NotBefore, which the server's own relay
+// runs when it falls due as a local run (package outbox/local), the
+// capture's UPDATE and the message's done mark in one transaction, once.
+// Until then POST /payments/{id}/capture captures it now and
+// POST /payments/{id}/cancel cancels it, each canceling the scheduled
+// capture (outbox.Cancel) in a transactional route of its own. Each
+// payment is also a state record (package state: machine
+// payments.payment, scope its user), created authorized at version 1
+// with the payment; a capture and a cancel are transitions from
+// authorized, at the version the client sends as If-Match (or the
+// current one), so that of a capture and a cancel sent with different
+// keys exactly one wins, and the other is answered 409 state_conflict
+// with the winner's state and version. GET /payments/{id} shows the
+// payment's status (authorized, captured or canceled) and its record's
+// state and version; go run ./cmd/idemctl state shows the record's
+// transitions and where their events are.
+//
 // With NATS_URL set as well, in PostgreSQL mode, each payment also
 // enqueues a payment.created message in its transaction (outbox.Enqueue),
 // which commits with the row and the record or not at all. The server
 // itself never connects to NATS: a relay publishes the outbox to JetStream
 // (brokers/nats/cmd/natsrelay), and examples/payments-consumer applies
-// each message once. The banner prints both commands.
+// each message once. The banner prints both commands. A relay serves
+// every message of its outbox table, so the server then schedules no
+// captures of its own: payments are captured as they are made.
 //
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
 // commands that show a first call, a replay, a 422, a 409, a 502, another
-// user's key space and a 401.
+// user's key space and a 401, and in PostgreSQL mode the capture, its
+// cancel, and a capture and a cancel racing.
 package main
 
 import (
@@ -57,15 +79,20 @@ func main() {
 		defaultAddr = "127.0.0.1:8080"
 	}
 	addr := flag.String("addr", defaultAddr, "listen address (also $ADDR)")
+	captureAfter := flag.Duration("capture-after", 30*time.Second, "PostgreSQL mode: how long after a payment its capture runs, cancelable until then")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), os.Getenv("NATS_URL"), logger); err != nil {
+	if *captureAfter <= 0 {
+		logger.Error("chi-server: -capture-after must be positive")
+		os.Exit(2)
+	}
+	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), os.Getenv("NATS_URL"), *captureAfter, logger); err != nil {
 		logger.Error("chi-server", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, redisAddr, databaseURL, natsURL string, logger *slog.Logger) error {
+func run(addr, redisAddr, databaseURL, natsURL string, captureAfter time.Duration, logger *slog.Logger) error {
 	b, err := openBackend(context.Background(), redisAddr, databaseURL, logger)
 	if err != nil {
 		return err
@@ -81,12 +108,28 @@ func run(addr, redisAddr, databaseURL, natsURL string, logger *slog.Logger) erro
 
 	api := newAPI(b.store, b.db, logger)
 	api.events = natsURL != "" && b.db != nil
+	if b.db != nil && !api.events {
+		api.captureAfter = captureAfter
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := newServer(api.routes())
-	printUsage(ln.Addr().String(), b, api.events)
+	printUsage(ln.Addr().String(), b, api)
+
+	if api.captureAfter > 0 {
+		// The relay of the captures runs until the server has shut down,
+		// and hands back the captures it has not begun.
+		captures := newCaptureRelay(b.db, b.store, logger)
+		rctx, stopCaptures := context.WithCancel(context.Background())
+		relayed := make(chan error, 1)
+		go func() { relayed <- captures.Run(rctx) }()
+		defer func() {
+			stopCaptures()
+			<-relayed
+		}()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -129,7 +172,7 @@ func tokens() string {
 	return b.String()
 }
 
-func printUsage(addr string, b *backend, events bool) {
+func printUsage(addr string, b *backend, a *api) {
 	base := "http://" + addr
 	executions := "Payments made so far:"
 	if b.db != nil {
@@ -156,7 +199,26 @@ Bob's order-1001 is a payment of his own (keys are scoped to the authenticated u
 %[3]s
   curl -s %[1]s/stats
 `, base, b.name, executions, tokens())
-	if events {
+	if a.captureAfter > 0 {
+		fmt.Printf(`
+Each payment is authorized, and captured %[2]v later by the server's relay, once, unless captured or canceled
+before (the first call's payment is pay_1 on a new database: its Location header says):
+  curl -s %[1]s/payments/pay_1 -H 'Authorization: Bearer alice-token'     # "status": "authorized", then "captured"; "state", "version"
+Cancel (200 and "status": "canceled" while the payment is authorized; 409 state_conflict once it is not):
+  curl -i -X POST %[1]s/payments/pay_1/cancel -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: cancel-1001'
+A capture and a cancel of one payment at once, with different keys, each at the version read (If-Match: 1):
+one wins (200), the other answers 409 state_conflict with the winner's state at version 2. Run the lines together:
+  ID=$(curl -s -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1004' -d '{"amount":500,"currency":"EUR"}' | sed 's/.*"id":"\([^"]*\)".*/\1/'); echo $ID
+  curl -s -X POST %[1]s/payments/$ID/capture -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: capture-1004' -H 'If-Match: 1' & \
+  curl -s -X POST %[1]s/payments/$ID/cancel -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: cancel-1004' -H 'If-Match: 1'; wait; echo
+A duplicate of either (same key) replays its answer, the winner's 200 as the loser's 409 (Idempotent-Replayed: true):
+  curl -i -X POST %[1]s/payments/$ID/capture -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: capture-1004' -H 'If-Match: 1'
+  curl -i -X POST %[1]s/payments/$ID/cancel -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: cancel-1004' -H 'If-Match: 1'
+The payment's state record, its transitions and their events (from the repository's root, with the same DATABASE_URL):
+  go run ./cmd/idemctl state -scope alice -machine payments.payment -id $ID
+`, base, a.captureAfter)
+	}
+	if a.events {
 		fmt.Print(`
 Each payment also enqueues payment.created in its transaction. From the repository's root, with the
 same DATABASE_URL and NATS_URL, relay the outbox to JetStream and apply each message once:

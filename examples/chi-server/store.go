@@ -93,6 +93,10 @@ func openPostgres(ctx context.Context, url string, logger *slog.Logger) (*backen
 // constraint: a key may come back after its record's TTL for another
 // payment, and the middleware is what makes each payment once (the tests
 // count the rows).
+//
+// A payment is authorized, its capture scheduled as the outbox message
+// capture_id, due at capture_at; then captured (at capture_at) or
+// canceled. Without scheduled captures it is captured as it is made.
 const paymentsSchema = `
 CREATE TABLE IF NOT EXISTS payments (
 	id              bigserial   PRIMARY KEY,
@@ -100,7 +104,10 @@ CREATE TABLE IF NOT EXISTS payments (
 	idempotency_key text        NOT NULL,
 	amount          bigint      NOT NULL CHECK (amount > 0),
 	currency        text        NOT NULL,
-	created         timestamptz NOT NULL DEFAULT now()
+	created         timestamptz NOT NULL DEFAULT now(),
+	status          text        NOT NULL DEFAULT 'captured' CHECK (status IN ('authorized', 'captured', 'canceled')),
+	capture_id      text,
+	capture_at      timestamptz
 )`
 
 // migratePayments creates the payments table if it is missing, in one
