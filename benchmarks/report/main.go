@@ -77,6 +77,8 @@ func steps(quick bool) []step {
 		bench("outbox-throughput", true, "^BenchmarkRelayThroughput$", pick("10000x", "2000x"), "./outboxbench/"),
 		bench("outbox-latency", true, "^BenchmarkCommitToStream$", pick("500x", "100x"), "./outboxbench/"),
 		withoutCount(bench("outbox-route", true, "^BenchmarkEnqueueCost$", pick("250x", "50x"), "./outboxbench/", rounds...)),
+		bench("state-transition", true, "^BenchmarkTransition$", pick("2000x", "200x"), "./statebench/"),
+		bench("state-route", true, "^BenchmarkRouteTransition$", pick("1000x", "100x"), "./statebench/"),
 	}
 }
 

@@ -225,8 +225,13 @@ func values(d dirs) map[string]string {
 		}
 	}
 	outboxValues(d, v)
+	stateValues(d, v)
 	return v
 }
+
+// stateLimit: a state record's transition with its event within this of
+// its hand-written floor's time (package statebench).
+const stateLimit = 1.15
 
 // The outbox relay's targets: at its defaults it drains a backlog at
 // least at outboxLimitShare of JetStream's own asynchronous publication
@@ -269,6 +274,27 @@ func outboxValues(d dirs, v map[string]string) {
 	without, ok2 := route[cell{"sec/op", "EnqueueCost", "tx"}]
 	if ok1 && ok2 && without > 0 {
 		v["outbox_route"] = fmt.Sprintf("%s (%s per request with the message, %s without)", ratio(with/without), micros(with), micros(without))
+	}
+}
+
+// stateValues adds the cells of the state records' benchmarks to v: a
+// transition with its event against its hand-written floor, and what a
+// transition adds to a transactional route.
+func stateValues(d dirs, v map[string]string) {
+	tr := d.medians("state-transition.txt", "-col", ".name")
+	x, ok1 := tr[cell{"x-floor(p50)", "", "Transition"}]
+	st, ok2 := tr[cell{"µs/transition(p50,state)", "", "Transition"}]
+	fl, ok3 := tr[cell{"µs/transition(p50,floor)", "", "Transition"}]
+	if ok1 && ok2 && ok3 {
+		v["state_transition"] = fmt.Sprintf("%s (the Store's transition %.0f µs, the floor's %.0f µs, medians) | %s", ratio(x), st, fl, verdict(x <= stateLimit))
+	} else {
+		v["state_transition"] = notMeasured
+	}
+	rt := d.medians("state-route.txt", "-col", ".name")
+	with, ok1 := rt[cell{"µs/request(p50,tx+transition)", "", "RouteTransition"}]
+	without, ok2 := rt[cell{"µs/request(p50,tx)", "", "RouteTransition"}]
+	if ok1 && ok2 && without > 0 {
+		v["state_route"] = fmt.Sprintf("%s (%.0f µs per request with the transition, %.0f µs without, medians)", ratio(with/without), with, without)
 	}
 }
 
