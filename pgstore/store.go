@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/purgeloop"
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -464,35 +465,8 @@ func (s *Store) purge(ctx context.Context, batch int) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// purgeLoop is the background purge: every interval, batches until one
-// comes back short.
+// purgeLoop is the background purge (WithPurgeInterval).
 func (s *Store) purgeLoop() {
 	defer s.purged.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-s.quit
-		cancel()
-	}()
-	t := time.NewTicker(s.cfg.purgeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.quit:
-			return
-		case <-t.C:
-		}
-		for {
-			n, err := s.purge(ctx, s.cfg.purgeBatch)
-			if err != nil {
-				if ctx.Err() == nil && s.cfg.onPurgeError != nil {
-					s.cfg.onPurgeError(err)
-				}
-				break
-			}
-			if n < s.cfg.purgeBatch {
-				break
-			}
-		}
-	}
+	purgeloop.Run(s.quit, s.cfg.purgeInterval, s.cfg.purgeBatch, s.purge, s.cfg.onPurgeError)
 }

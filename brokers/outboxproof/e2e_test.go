@@ -61,7 +61,7 @@ func buildPrograms(t *testing.T) programs {
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	for _, b := range []struct{ out, dir, pkg string }{
-		{p.api, root, "./examples/chi-server"},
+		{p.api, filepath.Join(root, "examples", "chi-server"), "."},
 		{p.relay, filepath.Join(root, "brokers", "nats"), "./cmd/natsrelay"},
 		{p.consumer, filepath.Join(root, "examples", "payments-consumer"), "."},
 	} {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,7 @@ type payment struct {
 	Currency string    `json:"currency"`
 	Created  time.Time `json:"created"`
 	// Status is, in PostgreSQL mode, authorized (its capture scheduled),
-	// captured or canceled.
+	// captured or canceled; in SQLite mode, captured.
 	Status string `json:"status,omitempty"`
 	// CaptureAt is when an authorized payment is to be captured, or when a
 	// captured one was.
@@ -47,11 +48,12 @@ type payment struct {
 }
 
 // api serves the payments. Without a database it keeps them in memory;
-// with one (PostgreSQL mode) each payment is a row of the payments table,
-// written in the request's transaction.
+// with one (PostgreSQL or SQLite mode) each payment is a row of the
+// payments table, written in the request's transaction.
 type api struct {
 	store  idempotency.Store
 	db     *pgxpool.Pool // PostgreSQL mode; nil otherwise
+	sqlite *sql.DB       // SQLite mode: the file of the sqlitestore.Store; nil otherwise
 	states *state.Store  // PostgreSQL mode: the payments' state records
 	logger *slog.Logger
 	// events, in PostgreSQL mode, makes each payment enqueue a
@@ -63,8 +65,8 @@ type api struct {
 	captureAfter time.Duration
 
 	mu       sync.Mutex
-	payments map[string]payment // without db
-	executed atomic.Int64       // without db: payments made
+	payments map[string]payment // in memory
+	executed atomic.Int64       // in memory: payments made
 }
 
 // newAPI returns the API over store; db, when not nil, is the database of
@@ -97,11 +99,17 @@ func (a *api) routes() http.Handler {
 			idempotency.WithRoute(func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() }),
 		}
 		create := a.createPayment
-		if a.db != nil {
+		switch {
+		case a.db != nil:
 			// The payment's row and the key's record commit together, in
 			// the request's transaction.
 			opts = append(opts, idempotency.WithTransaction(true))
 			create = a.createPaymentTx
+		case a.sqlite != nil:
+			// The same in the SQLite file: the row and the record commit
+			// together.
+			opts = append(opts, idempotency.WithTransaction(true))
+			create = a.createPaymentSQLite
 		}
 		idem := idempotency.New(a.store, opts...)
 		r.With(idem).Post("/payments", create)
@@ -312,9 +320,9 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 // lookup returns the payment called id, from memory or, in PostgreSQL
-// mode, from its row.
+// and SQLite modes, from its row.
 func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
-	if a.db == nil {
+	if a.db == nil && a.sqlite == nil {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		p, ok := a.payments[id]
@@ -323,6 +331,13 @@ func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
 	n, ok := parsePaymentID(id)
 	if !ok {
 		return payment{}, false, nil
+	}
+	if a.sqlite != nil {
+		p, err := readPaymentSQLite(ctx, a.sqlite, n)
+		if errors.Is(err, sql.ErrNoRows) {
+			return payment{}, false, nil
+		}
+		return p, err == nil, err
 	}
 	p, err := readPaymentRow(ctx, a.db, n)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -352,15 +367,21 @@ func readPaymentRow(ctx context.Context, db *pgxpool.Pool, id int64) (payment, e
 	return p, err
 }
 
-// stats answers how many payments were made: in PostgreSQL mode the rows
-// of the payments table, which a transaction rolled back did not add.
+// stats answers how many payments were made: in PostgreSQL and SQLite
+// modes the rows of the payments table, which a transaction rolled back
+// did not add.
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	n := a.executed.Load()
-	if a.db != nil {
-		if err := a.db.QueryRow(r.Context(), `SELECT count(*) FROM payments`).Scan(&n); err != nil {
-			a.serverError(w, r, http.StatusInternalServerError, "payments not countable", fmt.Errorf("counting payments: %w", err))
-			return
-		}
+	var err error
+	switch {
+	case a.db != nil:
+		err = a.db.QueryRow(r.Context(), `SELECT count(*) FROM payments`).Scan(&n)
+	case a.sqlite != nil:
+		err = a.sqlite.QueryRowContext(r.Context(), `SELECT count(*) FROM payments`).Scan(&n)
+	}
+	if err != nil {
+		a.serverError(w, r, http.StatusInternalServerError, "payments not countable", fmt.Errorf("counting payments: %w", err))
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"payments_executed": n})
 }

@@ -3,12 +3,22 @@
 // duplicates replay the stored response.
 //
 //	go run ./examples/chi-server                                            # in-memory store
+//	go run ./examples/chi-server -sqlite payments.db                        # SQLite store: one file, kept across restarts
 //	REDIS_ADDR=127.0.0.1:6379 go run ./examples/chi-server                  # Redis store
 //	DATABASE_URL=postgres://app@127.0.0.1/app go run ./examples/chi-server  # PostgreSQL store
 //	DATABASE_URL=postgres://app@127.0.0.1/app NATS_URL=nats://127.0.0.1:4222 go run ./examples/chi-server  # and payment.created messages
 //
-// REDIS_ADDR takes precedence over DATABASE_URL; with neither set, the
+// -sqlite (whose default is $SQLITE_PATH) takes precedence over
+// REDIS_ADDR, which takes precedence over DATABASE_URL; with none set, the
 // records live in memory. The banner says which store is used.
+//
+// With -sqlite FILE the records (package sqlitestore) and the payments
+// live in that SQLite file, created if missing: each payment is a row of
+// its payments table inserted in the request's transaction, as in
+// PostgreSQL mode, and both survive a restart: a server started again on
+// the same file replays the responses of the first. The scheduled
+// captures, the state records and the payment.created messages below are
+// PostgreSQL mode's; in SQLite mode a payment is captured as it is made.
 //
 // With DATABASE_URL the server creates its tables (pgstore.Migrate and a
 // payments table) and each payment is a row, inserted in the request's
@@ -54,8 +64,9 @@
 //
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
 // commands that show a first call, a replay, a 422, a 409, a 502, another
-// user's key space and a 401, and in PostgreSQL mode the capture, its
-// cancel, and a capture and a cancel racing.
+// user's key space and a 401, in PostgreSQL mode the capture, its
+// cancel, and a capture and a cancel racing, and in SQLite mode the replay
+// after a restart.
 package main
 
 import (
@@ -63,6 +74,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -79,6 +91,7 @@ func main() {
 		defaultAddr = "127.0.0.1:8080"
 	}
 	addr := flag.String("addr", defaultAddr, "listen address (also $ADDR)")
+	sqlitePath := flag.String("sqlite", os.Getenv("SQLITE_PATH"), "SQLite mode: the file of the records and the payments, created if missing (also $SQLITE_PATH)")
 	captureAfter := flag.Duration("capture-after", 30*time.Second, "PostgreSQL mode: how long after a payment its capture runs, cancelable until then")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -86,37 +99,70 @@ func main() {
 		logger.Error("chi-server: -capture-after must be positive")
 		os.Exit(2)
 	}
-	if err := run(*addr, os.Getenv("REDIS_ADDR"), os.Getenv("DATABASE_URL"), os.Getenv("NATS_URL"), *captureAfter, logger); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, settings{
+		addr:         *addr,
+		redisAddr:    os.Getenv("REDIS_ADDR"),
+		databaseURL:  os.Getenv("DATABASE_URL"),
+		natsURL:      os.Getenv("NATS_URL"),
+		sqlitePath:   *sqlitePath,
+		captureAfter: *captureAfter,
+	}, os.Stdout, logger)
+	stop()
+	if err != nil {
 		logger.Error("chi-server", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, redisAddr, databaseURL, natsURL string, captureAfter time.Duration, logger *slog.Logger) error {
-	b, err := openBackend(context.Background(), redisAddr, databaseURL, logger)
+// settings are the server's flags and environment.
+type settings struct {
+	addr         string        // -addr, or $ADDR
+	redisAddr    string        // $REDIS_ADDR
+	databaseURL  string        // $DATABASE_URL
+	natsURL      string        // $NATS_URL
+	sqlitePath   string        // -sqlite, or $SQLITE_PATH
+	captureAfter time.Duration // -capture-after
+}
+
+// run serves the API as s says until ctx ends (main's ends on SIGINT or
+// SIGTERM), printing the banner to out; then it shuts the server down,
+// letting the requests in progress finish, and closes the store.
+func run(ctx context.Context, s settings, out io.Writer, logger *slog.Logger) error {
+	var b *backend
+	var err error
+	if s.sqlitePath != "" {
+		b, err = openSQLite(context.Background(), s.sqlitePath, logger)
+	} else {
+		b, err = openBackend(context.Background(), s.redisAddr, s.databaseURL, logger)
+	}
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	if redisAddr != "" && databaseURL != "" {
+	switch {
+	case s.sqlitePath != "" && (s.redisAddr != "" || s.databaseURL != ""):
+		logger.Warn("-sqlite (or SQLITE_PATH) is set and takes precedence: REDIS_ADDR and DATABASE_URL are not used")
+	case s.redisAddr != "" && s.databaseURL != "":
 		logger.Warn("REDIS_ADDR and DATABASE_URL are both set: REDIS_ADDR takes precedence, DATABASE_URL is not used")
 	}
 
-	if natsURL != "" && b.db == nil {
-		logger.Warn("NATS_URL is set but the store is not PostgreSQL: payments enqueue no payment.created messages (they need DATABASE_URL, and no REDIS_ADDR)")
+	if s.natsURL != "" && b.db == nil {
+		logger.Warn("NATS_URL is set but the store is not PostgreSQL: payments enqueue no payment.created messages (they need DATABASE_URL, and no REDIS_ADDR or -sqlite)")
 	}
 
 	api := newAPI(b.store, b.db, logger)
-	api.events = natsURL != "" && b.db != nil
+	api.sqlite = b.sqlite
+	api.events = s.natsURL != "" && b.db != nil
 	if b.db != nil && !api.events {
-		api.captureAfter = captureAfter
+		api.captureAfter = s.captureAfter
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", s.addr)
 	if err != nil {
 		return err
 	}
 	srv := newServer(api.routes())
-	printUsage(ln.Addr().String(), b, api)
+	printUsage(out, ln.Addr().String(), b, api)
 
 	if api.captureAfter > 0 {
 		// The relay of the captures runs until the server has shut down,
@@ -131,8 +177,6 @@ func run(addr, redisAddr, databaseURL, natsURL string, captureAfter time.Duratio
 		}()
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -172,13 +216,13 @@ func tokens() string {
 	return b.String()
 }
 
-func printUsage(addr string, b *backend, a *api) {
+func printUsage(out io.Writer, addr string, b *backend, a *api) {
 	base := "http://" + addr
 	executions := "Payments made so far:"
-	if b.db != nil {
+	if b.db != nil || b.sqlite != nil {
 		executions = "Payments made so far (rows of the payments table):"
 	}
-	fmt.Printf(`chi-server listening on %[1]s (store: %[2]s)
+	fmt.Fprintf(out, `chi-server listening on %[1]s (store: %[2]s)
 %[4]s
 
 First call (runs the payment):
@@ -199,8 +243,15 @@ Bob's order-1001 is a payment of his own (keys are scoped to the authenticated u
 %[3]s
   curl -s %[1]s/stats
 `, base, b.name, executions, tokens())
+	if b.sqlite != nil {
+		fmt.Fprintf(out, `
+The records and the payments are rows of %[2]s: stop the server (Ctrl-C) and start it again with the same
+file (-sqlite %[2]s), and the first call's curl line answers Idempotent-Replayed: true, its payment made once:
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
+`, base, b.file)
+	}
 	if a.captureAfter > 0 {
-		fmt.Printf(`
+		fmt.Fprintf(out, `
 Each payment is authorized, and captured %[2]v later by the server's relay, once, unless captured or canceled
 before (the first call's payment is pay_1 on a new database: its Location header says):
   curl -s %[1]s/payments/pay_1 -H 'Authorization: Bearer alice-token'     # "status": "authorized", then "captured"; "state", "version"
@@ -219,7 +270,7 @@ The payment's state record, its transitions and their events (from the repositor
 `, base, a.captureAfter)
 	}
 	if a.events {
-		fmt.Print(`
+		fmt.Fprint(out, `
 Each payment also enqueues payment.created in its transaction. From the repository's root, with the
 same DATABASE_URL and NATS_URL, relay the outbox to JetStream and apply each message once:
   go -C brokers/nats run ./cmd/natsrelay -stream PAYMENTS -subjects 'payment.>'

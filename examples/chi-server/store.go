@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,12 +20,14 @@ import (
 )
 
 // backend is where the server keeps its idempotency records and, in
-// PostgreSQL mode, its payments.
+// PostgreSQL and SQLite modes, its payments.
 type backend struct {
-	store idempotency.Store
-	name  string        // what the banner prints: "memstore", "redis host:port", "postgres host:port/db"
-	db    *pgxpool.Pool // PostgreSQL mode: payments are rows of the payments table; nil otherwise
-	close func()
+	store  idempotency.Store
+	name   string        // what the banner prints: "memstore", "redis host:port", "postgres host:port/db", "sqlite FILE"
+	db     *pgxpool.Pool // PostgreSQL mode: payments are rows of the payments table; nil otherwise
+	sqlite *sql.DB       // SQLite mode (sqlite.go): the file's payments table, beside the records; nil otherwise
+	file   string        // SQLite mode: the file's path
+	close  func()
 }
 
 // openBackend chooses the store from the server's settings: Redis when

@@ -48,6 +48,7 @@ var packages = map[string]string{
 	"relay":       "github.com/go-idempotency/idempotency/outbox/relay",
 	"replaycache": "github.com/go-idempotency/idempotency/replaycache",
 	"servercheck": "github.com/go-idempotency/idempotency/servercheck",
+	"sqlitestore": "github.com/go-idempotency/idempotency/sqlitestore",
 	"state":       "github.com/go-idempotency/idempotency/state",
 	"storetest":   "github.com/go-idempotency/idempotency/storetest",
 

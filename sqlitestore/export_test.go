@@ -1,0 +1,27 @@
+package sqlitestore
+
+// WithDSNParams adds query parameters to the URI every connection is
+// opened with, after the Store's own: the tests simulate a read-only file
+// with mode=ro or _pragma=query_only(1), and a journal that is not WAL
+// with _journal_mode=DELETE.
+func WithDSNParams(params string) Option {
+	return func(c *config) { c.dsnParams = params }
+}
+
+// SetBeforeCommit makes every Tx.Complete of s call f between the fence and
+// the COMMIT. Set it before s is used.
+func SetBeforeCommit(s *Store, f func(*Tx)) { s.beforeCommit = f }
+
+// OpenTxs counts the Store's open transactions.
+func (s *Store) OpenTxs() int {
+	s.txMu.Lock()
+	defer s.txMu.Unlock()
+	return len(s.txs)
+}
+
+// Waiters counts the waiters registered on key.
+func (s *Store) Waiters(key string) int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return len(s.hub.waiters[key])
+}

@@ -1,0 +1,95 @@
+package sqlitestore
+
+import "strings"
+
+// The statements. "{table}" stands for the quoted table name. Every time
+// is an INTEGER of unix microseconds computed in Go from the Store's clock
+// and passed as an argument; no statement reads SQLite's clock.
+//
+// A replay, a mismatch and a duplicate in flight are answered by readSQL
+// alone, outside any transaction: in WAL mode a read sees the last commit
+// and neither waits for a writer nor makes one wait. Every write runs in a
+// BEGIN IMMEDIATE transaction, which takes the file's write lock before its
+// first statement: the Store reads the row again under the lock, decides
+// in Go, and writes with one of the statements below. Each write statement
+// also carries its condition in its WHERE clause (the fence), which under
+// the lock holds by construction, and which Tx.Complete relies on inside
+// the handler's transaction.
+
+// readSQL reads one record.
+//
+//	?1 key
+const readSQL = `SELECT state, token, fingerprint, epoch, lease_until, ttl_until, status, headers, body, body_omitted
+FROM {table} WHERE key = ?1`
+
+// takeSQL writes a record in progress: a fresh one (epoch 1), a steal
+// (epoch + 1) or the holder's retry (the same epoch, a lease that is never
+// shortened). Whatever payload the row had is cleared. An empty
+// fingerprint is an empty BLOB (see completeSQL for the coalesce).
+//
+//	?1 key, ?2 token, ?3 fingerprint, ?4 epoch, ?5 lease_until,
+//	?6 ttl_until, ?7 now
+const takeSQL = `INSERT INTO {table}
+	(key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, status, headers, body, body_omitted, updated_at)
+VALUES (?1, 'in_progress', ?2, coalesce(?3, x''), ?4, ?5, ?6, max(?5, ?6), NULL, NULL, NULL, NULL, ?7)
+ON CONFLICT (key) DO UPDATE SET
+	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
+	epoch = excluded.epoch, lease_until = excluded.lease_until, ttl_until = excluded.ttl_until,
+	expires_at = excluded.expires_at,
+	status = NULL, headers = NULL, body = NULL, body_omitted = NULL,
+	updated_at = excluded.updated_at`
+
+// completeSQL is the complete edge, and the fence of Tx.Complete: it
+// changes the row only while it is in progress under the token and not
+// expired. The Store passes a nil []byte for an empty body, which the
+// driver binds as NULL, hence the coalesce: an empty body is an empty
+// BLOB, a NULL one a corrupt row.
+//
+//	?1 key, ?2 token, ?3 status, ?4 headers, ?5 body, ?6 body omitted,
+//	?7 ttl_until, ?8 now
+const completeSQL = `UPDATE {table} SET
+	state = 'complete', status = ?3, headers = ?4, body = coalesce(?5, x''), body_omitted = ?6,
+	ttl_until = ?7, expires_at = ?7, updated_at = ?8
+WHERE key = ?1 AND token = ?2 AND state = 'in_progress' AND max(lease_until, ttl_until) > ?8`
+
+// releaseSQL is the release edge.
+//
+//	?1 key, ?2 token, ?3 now
+const releaseSQL = `DELETE FROM {table}
+WHERE key = ?1 AND token = ?2 AND state = 'in_progress' AND max(lease_until, ttl_until) > ?3`
+
+// extendSQL is the extend edge (the heartbeat): the lease runs from now,
+// and the record's expiry follows.
+//
+//	?1 key, ?2 token, ?3 lease_until, ?4 now
+const extendSQL = `UPDATE {table} SET
+	lease_until = ?3, expires_at = max(ttl_until, ?3), updated_at = ?4
+WHERE key = ?1 AND token = ?2 AND state = 'in_progress' AND max(lease_until, ttl_until) > ?4`
+
+// purgeSQL deletes at most ?2 records expired at ?1, oldest first, along
+// the index on expires_at.
+const purgeSQL = `DELETE FROM {table} WHERE key IN (
+	SELECT key FROM {table} WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`
+
+// pollSQL reads the holders of the watched records whose keys ?1 lists, as
+// a JSON array: one statement per poll, whatever the number of keys.
+const pollSQL = `SELECT key, state, token, lease_until, ttl_until
+FROM {table} WHERE key IN (SELECT value FROM json_each(?1))`
+
+// statements holds the statements for one table.
+type statements struct {
+	read, take, complete, release, extend, purge, poll string
+}
+
+func newStatements(t table) statements {
+	put := strings.NewReplacer("{table}", t.quoted).Replace
+	return statements{
+		read:     put(readSQL),
+		take:     put(takeSQL),
+		complete: put(completeSQL),
+		release:  put(releaseSQL),
+		extend:   put(extendSQL),
+		purge:    put(purgeSQL),
+		poll:     put(pollSQL),
+	}
+}

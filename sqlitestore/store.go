@@ -1,0 +1,494 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	_ "modernc.org/sqlite" // the "sqlite" driver: pure Go, no cgo
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/purgeloop"
+)
+
+// MaxKeyLen bounds the length of a storage key and of a lease token, in
+// bytes. The middleware's keys are 64 bytes and its tokens 32.
+const MaxKeyLen = 1024
+
+// Store is an idempotency.Store and idempotency.TxStore keeping records in
+// a table of an SQLite file, one row per record. It is safe for concurrent
+// use. Open it with Open and stop it with Close.
+type Store struct {
+	db   *sql.DB
+	path string
+	cfg  config
+	sql  statements
+	read *sql.Stmt // readSQL, prepared: the one statement of a replay
+
+	// writer is the Store's write turn: a writer holds its one slot from
+	// before its BEGIN IMMEDIATE to after its COMMIT or ROLLBACK, a
+	// transactional request for its handler's whole run. Waiting here,
+	// rather than in SQLite's busy handler, which sleeps and polls, wakes
+	// the next writer the moment the lock is free, and ends the wait with
+	// the caller's context.
+	writer chan struct{}
+
+	closed atomic.Bool
+	quit   chan struct{}  // closed by Close: stops the background goroutines
+	bg     sync.WaitGroup // the purge and the poller
+
+	txMu sync.Mutex
+	txs  map[string]*Tx // the open transactions by key (see Store.Extend)
+
+	hub hub // the waiters (watch.go)
+
+	// beforeCommit, when set (by tests), runs in Tx.Complete between the
+	// fence and the COMMIT.
+	beforeCommit func(*Tx)
+}
+
+var (
+	_ idempotency.Store   = (*Store)(nil)
+	_ idempotency.TxStore = (*Store)(nil)
+)
+
+// Open opens the SQLite file at path, creating it when it does not exist,
+// creates the records' table and its index when they do not exist (see
+// Schema), and checks the file's settings (see Store.Check): it returns an
+// error naming what is wrong when the file cannot be written, its journal
+// is not in WAL mode, or a table of that name has other columns. With
+// WithPurgeInterval it starts the background purge, with WithPollInterval
+// the poller of waiters.
+//
+// path is a file name, not a URI. Every connection to it is opened with
+// journal_mode=WAL, synchronous=FULL, foreign_keys=ON, the busy_timeout of
+// WithBusyTimeout, and BEGIN IMMEDIATE for every transaction begun through
+// the *sql.DB (DB). Open panics when an option is invalid.
+func Open(path string, opts ...Option) (*Store, error) {
+	cfg := newConfig(opts)
+	if path == "" {
+		return nil, errors.New("sqlitestore: open: empty path")
+	}
+	db, err := sql.Open("sqlite", dsn(path, cfg))
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
+	// Connections stay open: each new one runs its pragmas again.
+	db.SetMaxOpenConns(cfg.maxConns)
+	db.SetMaxIdleConns(cfg.maxConns)
+	s := &Store{
+		db:     db,
+		path:   path,
+		cfg:    cfg,
+		sql:    newStatements(cfg.table),
+		writer: make(chan struct{}, 1),
+		quit:   make(chan struct{}),
+		txs:    make(map[string]*Tx),
+	}
+	s.hub.init()
+	if err := s.setUp(context.Background()); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if cfg.purgeInterval > 0 {
+		s.bg.Add(1)
+		go s.purgeLoop()
+	}
+	if cfg.pollInterval > 0 {
+		s.bg.Add(1)
+		go s.pollLoop()
+	}
+	return s, nil
+}
+
+// dsn is the URI the driver opens every connection with: path, and the
+// settings as query parameters that modernc.org/sqlite applies to each
+// connection (SQLite ignores them).
+func dsn(path string, cfg config) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", (cfg.busyTimeout+time.Millisecond-1)/time.Millisecond))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate")
+	uri := "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path) + "?" + q.Encode()
+	if cfg.dsnParams != "" {
+		uri += "&" + cfg.dsnParams
+	}
+	return uri
+}
+
+// setUp checks the file, creates the schema and prepares the read.
+func (s *Store) setUp(ctx context.Context) error {
+	if err := s.checkSettings(ctx); err != nil {
+		return err
+	}
+	if err := s.checkSchema(ctx, true); err != nil {
+		return err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: %s: create table: %w", s.path, err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, Schema(s.cfg.table.name)); err != nil {
+		return fmt.Errorf("sqlitestore: %s: create table %s: %w", s.path, s.cfg.table.quoted, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlitestore: %s: create table %s: %w", s.path, s.cfg.table.quoted, err)
+	}
+	if err := s.checkSchema(ctx, false); err != nil {
+		return err
+	}
+	if s.read, err = s.db.PrepareContext(ctx, s.sql.read); err != nil {
+		return fmt.Errorf("sqlitestore: %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// DB returns the Store's handle on the file, for the application's own
+// tables and migrations. Its connections have the Store's settings (see
+// Open); a transaction begun on it is BEGIN IMMEDIATE, so it takes the
+// file's write lock at once, and waits for the Store's writers (and they
+// for it) up to the busy timeout. Close closes it.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close stops the background purge and the poller, wakes every waiter and
+// closes the *sql.DB. Later calls on the Store return
+// idempotency.ErrStoreClosed; a Tx begun before Close can still complete
+// or roll back. It is safe to call more than once.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.quit)
+	s.hub.close()
+	s.bg.Wait()
+	s.read.Close()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("sqlitestore: close %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// now is the Store's clock in unix microseconds.
+func (s *Store) now() int64 { return s.cfg.clock().UnixMicro() }
+
+// checkText refuses what a TEXT key cannot hold or the store does not
+// take: empty, longer than MaxKeyLen, not UTF-8, or holding a NUL byte.
+func checkText(what, v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("sqlitestore: empty %s", what)
+	case len(v) > MaxKeyLen:
+		return fmt.Errorf("sqlitestore: %s of %d bytes is longer than %d", what, len(v), MaxKeyLen)
+	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("sqlitestore: %s is not UTF-8 text without NUL bytes", what)
+	}
+	return nil
+}
+
+func (s *Store) check(key, token string) error {
+	if s.closed.Load() {
+		return idempotency.ErrStoreClosed
+	}
+	if err := checkText("key", key); err != nil {
+		return err
+	}
+	return checkText("lease token", token)
+}
+
+// opError names the call and key in err; ErrLeaseLost stays as it is, as
+// the contract words it.
+func opError(op, key string, err error) error {
+	if err == nil || errors.Is(err, idempotency.ErrLeaseLost) {
+		return err
+	}
+	return fmt.Errorf("sqlitestore: %s %s: %w", op, key, err)
+}
+
+// take waits for the Store's write turn (see Store.writer).
+func (s *Store) take(ctx context.Context) error {
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the write lock: %w", context.Cause(ctx))
+	case <-s.quit:
+		return idempotency.ErrStoreClosed
+	}
+}
+
+// give ends the write turn.
+func (s *Store) give() { <-s.writer }
+
+// write runs fn in a write transaction: BEGIN IMMEDIATE, in the Store's
+// write turn, so that what fn reads stays true until the COMMIT. fn gets
+// the Store's clock read under the lock, and returns whether to commit.
+func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx, now int64) (commit bool, err error)) error {
+	if err := s.take(ctx); err != nil {
+		return err
+	}
+	defer s.give()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	commit, err := fn(tx, s.now())
+	if err != nil || !commit {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Acquire implements idempotency.Store. It reads the record outside any
+// transaction, and answers from that read a replay, a mismatch and a
+// duplicate in flight: a plain read in WAL mode, which waits for no
+// writer. Otherwise (no record, an expired one, a lease that ran out, the
+// holder's retry) it writes in a BEGIN IMMEDIATE transaction, deciding
+// again on the row read under the lock. A retry by the token that holds
+// the record renews its lease to run req.Lease from now when it would end
+// sooner, even if it had run out, as long as no other token took the
+// record over. A row that is not a record is reported as an error wrapping
+// idempotency.ErrCorruptRecord, and left as it is.
+func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	if err := s.check(req.Key, req.Token); err != nil {
+		return idempotency.Acquisition{}, err
+	}
+	if req.Lease <= 0 || req.TTL <= 0 {
+		return idempotency.Acquisition{}, fmt.Errorf("sqlitestore: lease %v and TTL %v must be positive", req.Lease, req.TTL)
+	}
+	r, err := scanRecord(s.read.QueryRowContext(ctx, req.Key))
+	if err != nil {
+		return idempotency.Acquisition{}, opError("acquire", req.Key, err)
+	}
+	// The clock is read after the row: a deadline still ahead now was
+	// ahead when the row was read.
+	action, a, err := judgeAcquire(r, s.now(), req)
+	if err != nil || action == answer {
+		return a, opError("acquire", req.Key, err)
+	}
+	err = s.write(ctx, func(tx *sql.Tx, now int64) (bool, error) {
+		r, err := scanRecord(tx.QueryRowContext(ctx, s.sql.read, req.Key))
+		if err != nil {
+			return false, err
+		}
+		action, a, err = judgeAcquire(r, now, req)
+		if err != nil || action == answer {
+			return false, err
+		}
+		var epoch, leaseUntil, ttlUntil int64
+		switch action {
+		case fresh:
+			epoch, leaseUntil, ttlUntil = 1, now+micros(req.Lease), now+micros(req.TTL)
+		case renew:
+			epoch, leaseUntil, ttlUntil = r.epoch, max(r.leaseUntil, now+micros(req.Lease)), r.ttlUntil
+		case steal:
+			epoch, leaseUntil, ttlUntil = r.epoch+1, now+micros(req.Lease), now+micros(req.TTL)
+		}
+		if _, err := tx.ExecContext(ctx, s.sql.take, req.Key, req.Token, []byte(req.Fingerprint), epoch, leaseUntil, ttlUntil, now); err != nil {
+			return false, err
+		}
+		a = idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: uint64(epoch)}
+		if epoch > 1 {
+			a.Outcome = idempotency.Stolen
+		}
+		return true, nil
+	})
+	if err != nil {
+		return idempotency.Acquisition{}, opError("acquire", req.Key, err)
+	}
+	return a, nil
+}
+
+// Complete implements idempotency.Store: in a BEGIN IMMEDIATE transaction,
+// it stores resp and moves the record to COMPLETE when token holds it,
+// returns nil without writing when the record is already COMPLETE under
+// token (a retry keeps the first payload), and idempotency.ErrLeaseLost
+// otherwise. After the COMMIT it wakes the key's waiters.
+func (s *Store) Complete(ctx context.Context, key, token string, resp *idempotency.Response, ttl time.Duration) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return fmt.Errorf("sqlitestore: TTL %v must be positive", ttl)
+	}
+	e, err := encode(resp)
+	if err != nil {
+		return err
+	}
+	var completed bool
+	err = s.write(ctx, func(tx *sql.Tx, now int64) (bool, error) {
+		r, err := scanRecord(tx.QueryRowContext(ctx, s.sql.read, key))
+		switch {
+		case err != nil:
+			return false, err
+		case r.live(now) && r.state == stateComplete && r.token == token:
+			return false, nil
+		case !r.held(token, now):
+			return false, idempotency.ErrLeaseLost
+		}
+		if err := s.fence(ctx, tx, key, token, e, ttl, now); err != nil {
+			return false, err
+		}
+		completed = true
+		return true, nil
+	})
+	if err != nil {
+		return opError("complete", key, err)
+	}
+	if completed {
+		s.hub.wake(key)
+	}
+	return nil
+}
+
+// errFenced is the fence's answer when it updated no row.
+var errFenced = errors.New("the record is no longer in progress under the token")
+
+// fence runs completeSQL on tx: the record becomes COMPLETE with e, kept
+// for ttl from now, when it is still in progress under token and not
+// expired; otherwise it returns errFenced and changes nothing.
+func (s *Store) fence(ctx context.Context, tx *sql.Tx, key, token string, e encoded, ttl time.Duration, now int64) error {
+	res, err := tx.ExecContext(ctx, s.sql.complete, key, token, e.status, e.headers, e.body, e.omitted, now+micros(ttl), now)
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return errFenced
+	}
+	return nil
+}
+
+// Release implements idempotency.Store: in a BEGIN IMMEDIATE transaction,
+// it deletes the record when token holds it, returns nil when there is no
+// record (or an expired one: released already), and
+// idempotency.ErrLeaseLost when another token holds it or it is COMPLETE.
+// After the COMMIT it wakes the key's waiters.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	var released bool
+	err := s.write(ctx, func(tx *sql.Tx, now int64) (bool, error) {
+		r, err := scanRecord(tx.QueryRowContext(ctx, s.sql.read, key))
+		switch {
+		case err != nil:
+			return false, err
+		case !r.live(now):
+			return false, nil
+		case !r.held(token, now):
+			return false, idempotency.ErrLeaseLost
+		}
+		if _, err := tx.ExecContext(ctx, s.sql.release, key, token, now); err != nil {
+			return false, err
+		}
+		released = true
+		return true, nil
+	})
+	if err != nil {
+		return opError("release", key, err)
+	}
+	if released {
+		s.hub.wake(key)
+	}
+	return nil
+}
+
+// Extend implements idempotency.Store: the lease of the record token holds
+// runs lease from now; idempotency.ErrLeaseLost when the record is absent,
+// COMPLETE or another token's.
+//
+// While a Tx for key is open in this Store (a transactional handler runs),
+// the Tx holds the file's write lock, and any other transaction's write
+// would wait for it: the middleware's heartbeat would fail and cancel a
+// healthy handler. So Extend of that key runs inside the Tx: the extended
+// lease commits with the record, or rolls back with it. Other processes
+// see the lease the record had when the Tx began; none can steal it while
+// the Tx holds the lock.
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	if err := s.check(key, token); err != nil {
+		return err
+	}
+	if lease <= 0 {
+		return fmt.Errorf("sqlitestore: lease %v must be positive", lease)
+	}
+	if t := s.openTx(key); t != nil {
+		if ran, err := t.extend(ctx, token, lease); ran {
+			return opError("extend", key, err)
+		}
+	}
+	err := s.write(ctx, func(tx *sql.Tx, now int64) (bool, error) {
+		return s.extend(ctx, tx, key, token, lease, now)
+	})
+	return opError("extend", key, err)
+}
+
+// extend is the extend edge on tx: it reads the record and, when token
+// holds it, pushes its lease. It returns whether it wrote.
+func (s *Store) extend(ctx context.Context, tx *sql.Tx, key, token string, lease time.Duration, now int64) (bool, error) {
+	r, err := scanRecord(tx.QueryRowContext(ctx, s.sql.read, key))
+	switch {
+	case err != nil:
+		return false, err
+	case !r.held(token, now):
+		return false, idempotency.ErrLeaseLost
+	}
+	if _, err := tx.ExecContext(ctx, s.sql.extend, key, token, now+micros(lease), now); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// Purge deletes at most batch expired records, oldest first, in one
+// transaction, and returns how many it deleted. Expired records are absent
+// whether or not they were purged; purging frees their space. Run it from
+// a job of your own, repeating while it returns batch, or let the Store
+// run it (WithPurgeInterval). It returns an error when batch is not
+// positive.
+func (s *Store) Purge(ctx context.Context, batch int) (int, error) {
+	if s.closed.Load() {
+		return 0, idempotency.ErrStoreClosed
+	}
+	if batch <= 0 {
+		return 0, fmt.Errorf("sqlitestore: purge batch %d is not positive", batch)
+	}
+	return s.purge(ctx, batch)
+}
+
+func (s *Store) purge(ctx context.Context, batch int) (int, error) {
+	var n int64
+	err := s.write(ctx, func(tx *sql.Tx, now int64) (bool, error) {
+		res, err := tx.ExecContext(ctx, s.sql.purge, now, batch)
+		if err != nil {
+			return false, err
+		}
+		n, err = res.RowsAffected()
+		return n > 0, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: purge: %w", err)
+	}
+	return int(n), nil
+}
+
+// purgeLoop is the background purge (WithPurgeInterval).
+func (s *Store) purgeLoop() {
+	defer s.bg.Done()
+	purgeloop.Run(s.quit, s.cfg.purgeInterval, s.cfg.purgeBatch, s.purge, s.cfg.onPurgeError)
+}
