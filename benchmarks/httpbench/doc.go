@@ -14,5 +14,6 @@
 // -ignore /round. Redis parts start a private redis-server (REDIS_ADDR
 // names an existing one instead); PostgreSQL parts create a database of
 // their own and drop it (internal/pgtest). Without either, those parts
-// are skipped.
+// are skipped. SQLite parts keep their files in a temporary directory,
+// removed at the end.
 package httpbench

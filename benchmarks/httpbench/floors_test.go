@@ -3,6 +3,7 @@ package httpbench
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"io"
 	"net/http"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/go-idempotency/idempotency/benchmarks/load"
 	"github.com/go-idempotency/idempotency/pgstore"
+	"github.com/go-idempotency/idempotency/sqlitestore"
 )
 
 // The record floors do the store round trips the middleware needs at best,
@@ -232,6 +234,163 @@ func (f *pgFloor) inTx(before func(*http.Request) error, then func(*http.Request
 			return then(r, tx)
 		}); err != nil {
 			unavailable(w, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sqliteFloor holds the record floors of SQLite: plain statements on a
+// file of its own opened by sqlitestore.Open, so with the store's settings
+// (WAL, synchronous=FULL, BEGIN IMMEDIATE) and its table (the same columns
+// and indexes), times in unix microseconds from Go's clock as the store
+// computes them. Its writes take turns under a lock, as the store's
+// writers do, rather than in SQLite's busy handler.
+type sqliteFloor struct {
+	db      *sql.DB
+	read    *sql.Stmt
+	payload []byte
+	tokens  atomic.Int64
+	writer  sync.Mutex
+}
+
+// The SQLite floor's statements on the store's default table.
+const (
+	sqliteReadSQL = `SELECT status, headers, body FROM idempotency_records WHERE key = ?1`
+	sqliteNewSQL  = `INSERT INTO idempotency_records (key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, updated_at)
+VALUES (?1, 'in_progress', ?2, ?3, 1, ?4, ?5, max(?4, ?5), ?6)`
+	sqliteDoneSQL = `UPDATE idempotency_records SET state = 'complete', status = ?2, headers = ?3, body = ?4, body_omitted = 0,
+	ttl_until = ?5, expires_at = ?5, updated_at = ?6 WHERE key = ?1`
+	sqlitePaymentsSQL = `CREATE TABLE payments (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL, amount INTEGER NOT NULL)`
+	sqlitePaymentSQL  = `INSERT INTO payments (idem_key, amount) VALUES (?1, ?2)`
+)
+
+// newSQLiteFloor makes the payments' table in the file of db, the floor's
+// own (the records' table is sqlitestore.Open's).
+func newSQLiteFloor(db *sql.DB, payload []byte) (*sqliteFloor, error) {
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, sqlitePaymentsSQL); err != nil {
+		return nil, err
+	}
+	read, err := db.PrepareContext(ctx, sqliteReadSQL)
+	if err != nil {
+		return nil, err
+	}
+	return &sqliteFloor{db: db, read: read, payload: payload}, nil
+}
+
+// sqlExecer is a *sql.DB or a *sql.Tx.
+type sqlExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// create inserts key's in-progress row, a write transaction of its own in
+// the floor's turn.
+func (f *sqliteFloor) create(ctx context.Context, key string) error {
+	f.writer.Lock()
+	defer f.writer.Unlock()
+	now := time.Now()
+	_, err := f.db.ExecContext(ctx, sqliteNewSQL, key, strconv.FormatInt(f.tokens.Add(1), 16), fingerprint,
+		now.Add(time.Minute).UnixMicro(), now.Add(ttl).UnixMicro(), now.UnixMicro())
+	return err
+}
+
+// store stores the response in key's row, a write transaction of its own
+// in the floor's turn.
+func (f *sqliteFloor) store(ctx context.Context, key string) error {
+	f.writer.Lock()
+	defer f.writer.Unlock()
+	return f.complete(ctx, f.db, key)
+}
+
+// complete stores the response in key's row through q; the caller holds
+// the floor's turn.
+func (f *sqliteFloor) complete(ctx context.Context, q sqlExecer, key string) error {
+	now := time.Now()
+	_, err := q.ExecContext(ctx, sqliteDoneSQL, key, http.StatusCreated, headerBlock, f.payload, now.Add(ttl).UnixMicro(), now.UnixMicro())
+	return err
+}
+
+// handler is the floor of replays and first executions: one SELECT by
+// primary key; or an INSERT, the handler, an UPDATE, each committed on its
+// own.
+func (f *sqliteFloor) handler() http.Handler {
+	next := load.Handler(f.payload)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		if dup(r) {
+			var status int
+			var header, body []byte
+			if err := f.read.QueryRowContext(r.Context(), key).Scan(&status, &header, &body); err != nil {
+				unavailable(w, err)
+				return
+			}
+			answer(w, body)
+			return
+		}
+		if err := f.create(r.Context(), key); err != nil {
+			unavailable(w, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+		_ = http.NewResponseController(w).Flush()
+		_ = f.store(r.Context(), key)
+	})
+}
+
+// txHandler is the transactional record floor: the record's INSERT, then
+// one BEGIN IMMEDIATE transaction holding the payment's INSERT and the
+// record's UPDATE, then the response (sent after the commit, as the
+// middleware sends it).
+func (f *sqliteFloor) txHandler() http.Handler {
+	next := load.Handler(f.payload)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = dup(r)
+		key := r.Header.Get("Idempotency-Key")
+		if err := f.create(r.Context(), key); err != nil {
+			unavailable(w, err)
+			return
+		}
+		if err := f.inTx(r.Context(), func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(r.Context(), sqlitePaymentSQL, key, len(reqBody)); err != nil {
+				return err
+			}
+			return f.complete(r.Context(), tx, key)
+		}); err != nil {
+			unavailable(w, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// inTx runs fn in a write transaction of its own, in the floor's turn.
+func (f *sqliteFloor) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	f.writer.Lock()
+	defer f.writer.Unlock()
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// sqlitePayHandler is the handler of SQLite's transactional route: it
+// inserts the payment row in the request's transaction, then answers.
+func sqlitePayHandler(payload []byte) http.Handler {
+	next := load.Handler(payload)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := sqlitestore.TxFromContext(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), sqlitePaymentSQL, r.Header.Get("Idempotency-Key"), len(reqBody)); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -28,6 +30,7 @@ import (
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/redisstore"
 	"github.com/go-idempotency/idempotency/replaycache"
+	"github.com/go-idempotency/idempotency/sqlitestore"
 )
 
 var rounds = flag.Int("rounds", 1, "rounds of every group of sides")
@@ -35,8 +38,10 @@ var rounds = flag.Int("rounds", 1, "rounds of every group of sides")
 const (
 	// reqBody is the body of every request.
 	reqBody = `{"amount":"10.00","currency":"EUR"}`
-	// ttl keeps what a run leaves behind short-lived.
-	ttl = 10 * time.Minute
+	// ttl outlasts the rounds of every store (SQLite's, the longest, take
+	// about ten minutes on two shared cores: a replay must find its
+	// records to the end) and keeps what a run leaves behind short-lived.
+	ttl = time.Hour
 	// replayKeys is how many completed records a replay side reads in turn.
 	replayKeys = 256
 	// perClient is the least number of requests a side gets per client in
@@ -238,13 +243,16 @@ func measure(b *testing.B, gs []*group) {
 
 // BenchmarkHTTP puts the middleware on each store beside the record floor
 // of the same work (see floors_test.go), for replays and first executions
-// and, on PostgreSQL, for a transactional route beside the transactional
-// record floor. Sides: mw (the middleware), floor (the record floor),
-// bare (the handler alone; on the transactional route, the handler
-// writing its row in a transaction of its own), on memstore's replays
-// cached (the middleware with a replaycache in front of memstore) and, on
-// Redis, timeout (the middleware on a go-redis client with
-// ContextTimeoutEnabled; mw keeps go-redis's defaults). Bodies are 1 KiB.
+// and, on PostgreSQL and SQLite, for a transactional route beside the
+// transactional record floor. Sides: mw (the middleware), floor (the
+// record floor), bare (the handler alone; on the transactional route, the
+// handler writing its row in a transaction of its own), on memstore's
+// replays cached (the middleware with a replaycache in front of memstore),
+// on Redis timeout (the middleware on a go-redis client with
+// ContextTimeoutEnabled; mw keeps go-redis's defaults) and, on SQLite,
+// memstore and postgres (the middleware on those stores, so that the
+// same requests meet them in the same rounds as SQLite's sides). Bodies
+// are 1 KiB.
 func BenchmarkHTTP(b *testing.B) {
 	payload := load.Payload(1 << 10)
 	b.Run("store=memstore", func(b *testing.B) {
@@ -302,6 +310,72 @@ func BenchmarkHTTP(b *testing.B) {
 			return []*side{floor, mw}
 		}, "replay", "first", "tx"))
 	})
+	b.Run("store=sqlite", func(b *testing.B) {
+		dir := b.TempDir()
+		ss, err := sqlitestore.Open(filepath.Join(dir, "records.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { ss.Close() })
+		if _, err := ss.DB().Exec(sqlitePaymentsSQL); err != nil {
+			b.Fatal(err)
+		}
+		// The floor's file has the store's settings and table: Open makes
+		// it, and the floor writes to it through the *sql.DB alone.
+		fs, err := sqlitestore.Open(filepath.Join(dir, "floor.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { fs.Close() })
+		f, err := newSQLiteFloor(fs.DB(), payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mw := newSide(b, "mw", serve(b, idempotency.New(ss, idempotency.WithTTL(ttl))(load.Handler(payload))), true)
+		floor := newSide(b, "floor", serve(b, f.handler()), false)
+		txMW := newSide(b, "mw", serve(b, idempotency.New(ss, idempotency.WithTTL(ttl), idempotency.WithTransaction(true))(sqlitePayHandler(payload))), true)
+		txFloor := newSide(b, "floor", serve(b, f.txHandler()), false)
+		// The middleware on memstore and on PostgreSQL, for the same
+		// requests in the same rounds; PostgreSQL's sides only with a
+		// server.
+		ms := memstore.New(memstore.WithMaxEntries(1<<26), memstore.WithMaxBytes(1<<40))
+		b.Cleanup(func() { ms.Close() })
+		mem := newSide(b, "memstore", serve(b, idempotency.New(ms, idempotency.WithTTL(ttl))(load.Handler(payload))), true)
+		var pg, txPG []*side
+		if pgAvailable() {
+			pool := pgtest.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 32 })
+			pf, err := newPGFloor(pool, payload)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ps := pgstore.New(pool)
+			b.Cleanup(func() { ps.Close() })
+			pg = []*side{newSide(b, "postgres", serve(b, idempotency.New(ps, idempotency.WithTTL(ttl))(load.Handler(payload))), true)}
+			txPG = []*side{newSide(b, "postgres", serve(b, idempotency.New(ps, idempotency.WithTTL(ttl), idempotency.WithTransaction(true))(pf.payHandler())), true)}
+		}
+		measure(b, groups("", func(work string) []*side {
+			if work == "tx" {
+				return append([]*side{txFloor, txMW}, txPG...)
+			}
+			return append([]*side{floor, mw, mem}, pg...)
+		}, "replay", "first", "tx"))
+	})
+}
+
+// pgAvailable reports whether the PostgreSQL server of internal/pgtest
+// answers, or is required (pgtest then fails the benchmark without it).
+func pgAvailable() bool {
+	if os.Getenv(pgtest.RequireEnv) == "1" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, pgtest.ServerURL())
+	if err != nil {
+		return false
+	}
+	c.Close(ctx)
+	return true
 }
 
 // deleteKeys removes the keys under prefix from a server the benchmark

@@ -8,6 +8,9 @@
 //	go run ./report            # every step: about 20 minutes of both cores
 //	go run ./report -quick     # shorter runs, to check the pipeline
 //	go run ./report -render    # measures nothing: rewrites the pages
+//	go run ./report -steps http,sqlite-keycount
+//	                           # only these steps, then the pages from
+//	                           # every results file
 //
 // The library's tests and benchmarks run in the library's module (the
 // repository root), the others in the benchmarks module. Parts that need
@@ -25,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -32,8 +36,10 @@ import (
 func main() {
 	quick := flag.Bool("quick", false, "shorter runs, to check the pipeline")
 	render := flag.Bool("render", false, "measure nothing: rewrite the pages from benchmarks/results")
+	only := flag.String("steps", "", "run only these steps (names separated by commas: "+strings.Join(stepNames(), ",")+
+		"), then rewrite the pages from every results file, the other steps' kept from their last run")
 	flag.Parse()
-	if err := run(*quick, *render); err != nil {
+	if err := run(*quick, *render, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
@@ -67,6 +73,7 @@ func steps(quick bool) []step {
 		bench("memstore-keycount", false, "^BenchmarkKeyCount$", pick("1s", "0.2s"), "./memstore/"),
 		bench("redis-keycount", false, "^BenchmarkKeyCount$", pick("3000x", "300x"), "./redisstore/"),
 		bench("postgres-keycount", true, "^BenchmarkKeyCount$", pick("500x", "100x"), "./pgbench/"),
+		bench("sqlite-keycount", true, "^BenchmarkKeyCount$", pick("500x", "100x"), "./sqlitebench/"),
 		bench("middleware", false, "^BenchmarkMiddleware$", pick("0.3s", "0.1s"), ".", "-benchmem"),
 		withoutCount(bench("memstore-memory", false, "^BenchmarkRecordMemory$", "2x", "./memstore/")),
 		bench("redis-server-time", true, "^BenchmarkServerTime$", pick("3000x", "300x"), "./redisbench/"),
@@ -80,6 +87,48 @@ func steps(quick bool) []step {
 		bench("state-transition", true, "^BenchmarkTransition$", pick("2000x", "200x"), "./statebench/"),
 		bench("state-route", true, "^BenchmarkRouteTransition$", pick("1000x", "100x"), "./statebench/"),
 	}
+}
+
+// stepNames are the names of the steps, in their order.
+func stepNames() []string {
+	var names []string
+	for _, s := range steps(false) {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// selectSteps returns the steps of all named in only (names separated by
+// commas), in their order in all; every step when only is empty.
+func selectSteps(all []step, only string) ([]step, error) {
+	if only == "" {
+		return all, nil
+	}
+	want := map[string]bool{}
+	for _, name := range strings.Split(only, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			want[name] = true
+		}
+	}
+	var picked []step
+	for _, s := range all {
+		if want[s.name] {
+			picked = append(picked, s)
+			delete(want, s.name)
+		}
+	}
+	if len(want) > 0 {
+		var unknown []string
+		for name := range want {
+			unknown = append(unknown, name)
+		}
+		slices.Sort(unknown)
+		return nil, fmt.Errorf("-steps: no step named %s (the steps: %s)", strings.Join(unknown, ", "), strings.Join(stepNames(), ","))
+	}
+	if len(picked) == 0 {
+		return nil, fmt.Errorf("-steps %q names no step", only)
+	}
+	return picked, nil
 }
 
 // withoutCount drops -count from s: its rounds, or its one sample, are the
@@ -128,28 +177,40 @@ func findDirs() (dirs, error) {
 	return dirs{root: root, tools: wd, results: filepath.Join(wd, "results")}, nil
 }
 
-func run(quick, render bool) error {
+func run(quick, render bool, only string) error {
+	if render && only != "" {
+		return errors.New("-render measures nothing: it takes no -steps")
+	}
 	d, err := findDirs()
 	if err != nil {
 		return err
 	}
+	ss, err := selectSteps(steps(quick), only)
+	if err != nil {
+		return err
+	}
 	if !render {
-		if err := measure(d, quick); err != nil {
+		if err := measure(d, ss, only != ""); err != nil {
 			return err
 		}
 	}
 	return writePages(d)
 }
 
-// measure runs every step, keeping its output, and notes the machine.
-func measure(d dirs, quick bool) error {
+// measure runs the steps ss, keeping their output, and notes the machine
+// in results/machine.txt: for every step (a full run), the run's start and
+// end; for some (partial), a line per step, beside the last full run's
+// notes (see noteSteps).
+func measure(d dirs, ss []step, partial bool) error {
 	if err := os.MkdirAll(d.results, 0o755); err != nil {
 		return err
 	}
-	m := [][2]string{{"Started", now()}, {"Load average at the start", loadAverage()}}
+	first := [2]string{now(), loadAverage()}
 	var failed []string
-	for _, s := range steps(quick) {
+	var notes [][2]string
+	for _, s := range ss {
 		fmt.Fprintln(os.Stderr, "report:", s.command())
+		began := [2]string{now(), loadAverage()}
 		start := time.Now()
 		cmd := exec.Command("go", append([]string{"test", "-timeout", "60m"}, s.args...)...)
 		cmd.Dir = d.root
@@ -171,9 +232,23 @@ func measure(d dirs, quick bool) error {
 			}
 		}
 		fmt.Fprintf(os.Stderr, "report:   %v (%v)\n", time.Since(start).Round(time.Second), cmp.Or[any](err, "ok"))
+		notes = append(notes, stepNote(s.name, began, [2]string{now(), loadAverage()}))
 	}
-	m = append(m, [2]string{"Finished", now()}, [2]string{"Load average at the end", loadAverage()})
+	last := [2]string{now(), loadAverage()}
+	m := [][2]string{{"Started", first[0]}, {"Load average at the start", first[1]}, {"Finished", last[0]}, {"Load average at the end", last[1]}}
 	m = append(m, machine()...)
+	if partial {
+		old, err := os.ReadFile(filepath.Join(d.results, "machine.txt"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		// Without a full run's notes, the machine's alone.
+		base := parseMachine(string(old))
+		if len(base) == 0 {
+			base = machine()
+		}
+		m = noteSteps(base, notes)
+	}
 	var b strings.Builder
 	for _, kv := range m {
 		fmt.Fprintf(&b, "%s: %s\n", kv[0], kv[1])
@@ -185,6 +260,45 @@ func measure(d dirs, quick bool) error {
 		fmt.Fprintf(os.Stderr, "report: failed: %s (their rows say so)\n", strings.Join(failed, ", "))
 	}
 	return nil
+}
+
+// stepPrefix starts the name of a line of machine.txt that notes a step
+// run alone (see noteSteps).
+const stepPrefix = "Step "
+
+// stepNote is the line of machine.txt that notes step name run alone
+// from start to end (each a time and a load average): "Step <name>:
+// <start> to <end>, load average <at the start> to <at the end>".
+func stepNote(name string, start, end [2]string) [2]string {
+	return [2]string{stepPrefix + name, fmt.Sprintf("%s to %s, load average %s to %s", start[0], end[0], start[1], end[1])}
+}
+
+// noteSteps returns the lines of machine.txt old (a full run's, and steps
+// run alone since) with notes (stepNote's) in place of the same steps'
+// earlier ones.
+func noteSteps(old, notes [][2]string) [][2]string {
+	rerun := map[string]bool{}
+	for _, n := range notes {
+		rerun[n[0]] = true
+	}
+	var m [][2]string
+	for _, kv := range old {
+		if !rerun[kv[0]] {
+			m = append(m, kv)
+		}
+	}
+	return append(m, notes...)
+}
+
+// parseMachine reads the lines of machine.txt, "name: value" each.
+func parseMachine(text string) [][2]string {
+	var m [][2]string
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(line, ": "); ok {
+			m = append(m, [2]string{k, v})
+		}
+	}
+	return m
 }
 
 func now() string { return time.Now().UTC().Format("2006-01-02 15:04 MST") }

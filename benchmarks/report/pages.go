@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"embed"
 	"fmt"
 	"math"
@@ -34,7 +33,8 @@ const notMeasured = "not measured in this run | –"
 
 // writePages renders BENCHMARKS.md and results/details.md.
 func writePages(d dirs) error {
-	data := map[string]any{"machine": readMachine(d), "v": values(d)}
+	machine := readMachine(d)
+	data := map[string]any{"machine": machine, "reruns": reruns(machine), "v": values(d)}
 	funcs := template.FuncMap{
 		"benchstat": func(name string, args ...string) (string, error) {
 			out, err := d.benchstat("text", name, args...)
@@ -68,18 +68,26 @@ func writePages(d dirs) error {
 // readMachine returns the lines of results/machine.txt, by name.
 func readMachine(d dirs) map[string]string {
 	m := map[string]string{}
-	f, err := os.Open(filepath.Join(d.results, "machine.txt"))
+	b, err := os.ReadFile(filepath.Join(d.results, "machine.txt"))
 	if err != nil {
 		return m
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ": "); ok {
-			m[k] = v
-		}
+	for _, kv := range parseMachine(string(b)) {
+		m[kv[0]] = kv[1]
 	}
 	return m
+}
+
+// reruns describes the steps of machine (readMachine's) run alone since
+// the full run (see noteSteps), in the steps' order: "" when none was.
+func reruns(machine map[string]string) string {
+	var parts []string
+	for _, name := range stepNames() {
+		if v, ok := machine[stepPrefix+name]; ok {
+			parts = append(parts, "`"+name+"` "+v)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // ratio formats a ratio of times.
@@ -118,7 +126,7 @@ func values(d dirs) map[string]string {
 		y, ok2 := get(m, "sec/op", row, b)
 		return x / y, x, y, ok1 && ok2
 	}
-	for _, sw := range []string{"memstore replay", "memstore first", "redis replay", "redis first", "postgres replay", "postgres first", "postgres tx"} {
+	for _, sw := range []string{"memstore replay", "memstore first", "redis replay", "redis first", "postgres replay", "postgres first", "postgres tx", "sqlite replay", "sqlite first", "sqlite tx"} {
 		name := strings.ReplaceAll(sw, " ", "_")
 		if r, mw, fl, ok := of(http, sw+" 1", "mw", "floor"); ok {
 			v["floor_"+name] = fmt.Sprintf("%s (record floor %s, middleware %s per request) | %s", ratio(r), micros(fl), micros(mw), verdict(r <= floorLimit))
@@ -138,6 +146,7 @@ func values(d dirs) map[string]string {
 			}
 		}
 	}
+	v["sqlite_beside"] = sqliteBeside(http)
 	// A go-redis client at its defaults against one with
 	// ContextTimeoutEnabled, at one client and at 64.
 	var def []string
@@ -188,7 +197,7 @@ func values(d dirs) map[string]string {
 	request, _ := get(http, "sec/op", "memstore replay 1", "bare")
 	mem := d.medians("memstore-keycount.txt", "-col", "/keys")
 	v["keys_memstore"] = flat(func(c, n string) (float64, bool) { return get(mem, "sec/op", "KeyCount/"+c, n) }, request)
-	for _, store := range []string{"redis", "postgres"} {
+	for _, store := range []string{"redis", "postgres", "sqlite"} {
 		kc := d.medians(store + "-keycount.txt")
 		col := store + "-keycount.txt"
 		v["keys_"+store] = flat(func(c, n string) (float64, bool) { return get(kc, "sec/req@keys="+n, "KeyCount/"+c, col) }, 0)
@@ -227,6 +236,41 @@ func values(d dirs) map[string]string {
 	outboxValues(d, v)
 	stateValues(d, v)
 	return v
+}
+
+// sqliteBeside describes the time per request of the middleware on
+// SQLite beside the same on memstore and on PostgreSQL, measured in the
+// same rounds as sides of BenchmarkHTTP's store=sqlite groups (medians
+// http, rows store, work and clients, columns the side): "" when SQLite
+// was not measured.
+func sqliteBeside(http map[cell]float64) string {
+	var parts []string
+	for _, c := range []string{"1", "64"} {
+		var works []string
+		for _, w := range []struct{ name, label string }{{"replay", "replay"}, {"first", "first execution"}, {"tx", "transactional route"}} {
+			row := "sqlite " + w.name + " " + c
+			mw, ok := http[cell{"sec/op", row, "mw"}]
+			if !ok {
+				continue
+			}
+			stores := []string{"SQLite " + micros(mw)}
+			for _, o := range []struct{ side, name string }{{"memstore", "memstore"}, {"postgres", "PostgreSQL"}} {
+				if w.name == "tx" && o.side == "memstore" {
+					continue // memstore has no transactions
+				}
+				if x, ok := http[cell{"sec/op", row, o.side}]; ok {
+					stores = append(stores, fmt.Sprintf("%s %s (%s)", o.name, micros(x), ratio(mw/x)))
+				} else {
+					stores = append(stores, o.name+" not measured")
+				}
+			}
+			works = append(works, w.label+": "+strings.Join(stores, ", "))
+		}
+		if works != nil {
+			parts = append(parts, fmt.Sprintf("%s client%s, %s", c, map[bool]string{true: "s"}[c != "1"], strings.Join(works, "; ")))
+		}
+	}
+	return strings.Join(parts, ". ")
 }
 
 // stateLimit: a state record's transition with its event within this of

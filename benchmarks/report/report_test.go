@@ -121,3 +121,78 @@ func TestOutboxCells(t *testing.T) {
 		t.Errorf("a relay at 0.24× of the limit: %s", got)
 	}
 }
+
+// TestSelectSteps: -steps picks the named steps in the report's order,
+// and refuses a name that is no step.
+func TestSelectSteps(t *testing.T) {
+	all := steps(true)
+	got, err := selectSteps(all, "sqlite-keycount, http")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].name != "http" || got[1].name != "sqlite-keycount" {
+		t.Errorf("picked %v, want http then sqlite-keycount", got)
+	}
+	if got, err := selectSteps(all, ""); err != nil || len(got) != len(all) {
+		t.Errorf("no -steps: %d steps, %v; want all %d", len(got), err, len(all))
+	}
+	if _, err := selectSteps(all, "http,nosuch"); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("an unknown step: %v", err)
+	}
+	if _, err := selectSteps(all, ","); err == nil {
+		t.Error("no name: no error")
+	}
+}
+
+// TestNoteSteps: a step run alone gets a line in machine.txt beside the
+// full run's, in place of its earlier one, and the pages name it.
+func TestNoteSteps(t *testing.T) {
+	old := parseMachine("Started: s\nFinished: f\nCPU: c\nStep http: earlier\nStep peers: p\n")
+	m := noteSteps(old, [][2]string{
+		stepNote("http", [2]string{"t0", "1.0 1.0 1.0"}, [2]string{"t1", "2.0 2.0 2.0"}),
+		stepNote("sqlite-keycount", [2]string{"t1", "2.0 2.0 2.0"}, [2]string{"t2", "3.0 3.0 3.0"}),
+	})
+	var b strings.Builder
+	for _, kv := range m {
+		b.WriteString(kv[0] + ": " + kv[1] + "\n")
+	}
+	want := "Started: s\nFinished: f\nCPU: c\nStep peers: p\n" +
+		"Step http: t0 to t1, load average 1.0 1.0 1.0 to 2.0 2.0 2.0\n" +
+		"Step sqlite-keycount: t1 to t2, load average 2.0 2.0 2.0 to 3.0 3.0 3.0\n"
+	if b.String() != want {
+		t.Errorf("machine.txt:\n%s\nwant:\n%s", b.String(), want)
+	}
+	machine := map[string]string{}
+	for _, kv := range m {
+		machine[kv[0]] = kv[1]
+	}
+	if got := reruns(machine); !strings.HasPrefix(got, "`http` t0 to t1") || !strings.Contains(got, "; `peers` p; `sqlite-keycount` t1 to t2") {
+		t.Errorf("reruns: %s", got)
+	}
+	if got := reruns(map[string]string{"Started": "s"}); got != "" {
+		t.Errorf("reruns of a full run: %q", got)
+	}
+}
+
+// TestSQLiteBeside: SQLite's time per request beside memstore's and
+// PostgreSQL's, and a side missing said so.
+func TestSQLiteBeside(t *testing.T) {
+	http := map[cell]float64{
+		{"sec/op", "sqlite replay 1", "mw"}:       100e-6,
+		{"sec/op", "sqlite replay 1", "memstore"}: 50e-6,
+		{"sec/op", "sqlite replay 1", "postgres"}: 200e-6,
+		{"sec/op", "sqlite tx 1", "mw"}:           1000e-6,
+		{"sec/op", "sqlite tx 1", "postgres"}:     2000e-6,
+		{"sec/op", "sqlite first 64", "mw"}:       400e-6,
+		{"sec/op", "sqlite first 64", "memstore"}: 40e-6,
+	}
+	want := "1 client, replay: SQLite 100.0 µs, memstore 50.0 µs (2.00×), PostgreSQL 200.0 µs (0.50×); " +
+		"transactional route: SQLite 1000.0 µs, PostgreSQL 2000.0 µs (0.50×). " +
+		"64 clients, first execution: SQLite 400.0 µs, memstore 40.0 µs (10.00×), PostgreSQL not measured"
+	if got := sqliteBeside(http); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if got := sqliteBeside(map[cell]float64{}); got != "" {
+		t.Errorf("nothing measured: %q", got)
+	}
+}
