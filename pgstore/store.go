@@ -8,10 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/purgeloop"
+	"github.com/go-idempotency/idempotency/internal/sqltext"
 	"github.com/go-idempotency/idempotency/internal/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,7 +21,7 @@ import (
 
 // MaxKeyLen bounds the length of a storage key and of a lease token, in
 // bytes. The middleware's keys are 64 bytes and its tokens 32.
-const MaxKeyLen = 1024
+const MaxKeyLen = sqltext.MaxLen
 
 // maxAttempts bounds how many times a statement runs when the row keeps
 // changing under it (codeRetry, or a serialization failure). Each run
@@ -111,19 +111,9 @@ func (s *Store) OutboxTable() string { return strings.Join(s.cfg.outbox.parts, "
 // announce watched records (see WithChannel).
 func (s *Store) Channel() string { return s.cfg.channel }
 
-// checkText refuses what a text column cannot hold or the store does not
-// take: empty, longer than MaxKeyLen, not UTF-8, or holding a NUL byte.
-func checkText(what, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("pgstore: empty %s", what)
-	case len(v) > MaxKeyLen:
-		return fmt.Errorf("pgstore: %s of %d bytes is longer than %d", what, len(v), MaxKeyLen)
-	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("pgstore: %s is not UTF-8 text without NUL bytes", what)
-	}
-	return nil
-}
+// checkText refuses what the store does not take as a key or token (see
+// sqltext.Check).
+func checkText(what, v string) error { return sqltext.Check("pgstore", what, v) }
 
 func (s *Store) check(key, token string) error {
 	if s.closed.Load() {

@@ -10,17 +10,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	_ "modernc.org/sqlite" // the "sqlite" driver: pure Go, no cgo
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/purgeloop"
+	"github.com/go-idempotency/idempotency/internal/sqltext"
 )
 
 // MaxKeyLen bounds the length of a storage key and of a lease token, in
 // bytes. The middleware's keys are 64 bytes and its tokens 32.
-const MaxKeyLen = 1024
+const MaxKeyLen = sqltext.MaxLen
 
 // Store is an idempotency.Store and idempotency.TxStore keeping records in
 // a table of an SQLite file, one row per record. It is safe for concurrent
@@ -181,19 +181,9 @@ func (s *Store) Close() error {
 // now is the Store's clock in unix microseconds.
 func (s *Store) now() int64 { return s.cfg.clock().UnixMicro() }
 
-// checkText refuses what a TEXT key cannot hold or the store does not
-// take: empty, longer than MaxKeyLen, not UTF-8, or holding a NUL byte.
-func checkText(what, v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("sqlitestore: empty %s", what)
-	case len(v) > MaxKeyLen:
-		return fmt.Errorf("sqlitestore: %s of %d bytes is longer than %d", what, len(v), MaxKeyLen)
-	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("sqlitestore: %s is not UTF-8 text without NUL bytes", what)
-	}
-	return nil
-}
+// checkText refuses what the store does not take as a key or token (see
+// sqltext.Check).
+func checkText(what, v string) error { return sqltext.Check("sqlitestore", what, v) }
 
 func (s *Store) check(key, token string) error {
 	if s.closed.Load() {

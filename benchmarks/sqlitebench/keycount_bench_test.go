@@ -3,13 +3,11 @@ package sqlitebench
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/benchmarks/internal/keycount"
 	"github.com/go-idempotency/idempotency/sqlitestore"
 )
 
@@ -40,29 +38,21 @@ func key(n uint64) string { return fmt.Sprintf("k%063d", n) }
 // (ns/req@keys=N).
 func BenchmarkKeyCount(b *testing.B) {
 	dir := b.TempDir()
-	sizes := []int{1_000, 10_000, 100_000, 1_000_000}
-	resp := &idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_1"}`)}
-	req := func(key, token string) idempotency.AcquireRequest {
-		return idempotency.AcquireRequest{Key: key, Token: token, Fingerprint: strings.Repeat("f", 64), Lease: time.Hour, TTL: time.Hour}
-	}
-	stores := make([]*sqlitestore.Store, len(sizes))
-	for j, n := range sizes {
+	stores := make([]idempotency.Store, len(keycount.Sizes))
+	for j, n := range keycount.Sizes {
 		s, err := sqlitestore.Open(filepath.Join(dir, fmt.Sprintf("records_%d.db", n)))
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { s.Close() })
-		if _, err := s.Acquire(ctx, req("template", "t")); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Complete(ctx, "template", "t", resp, time.Hour); err != nil {
+		if err := keycount.Template(ctx, s); err != nil {
 			b.Fatal(err)
 		}
 		tx, err := s.DB().BeginTx(ctx, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := tx.ExecContext(ctx, copySQL, "template", n); err != nil {
+		if _, err := tx.ExecContext(ctx, copySQL, keycount.TemplateKey, n); err != nil {
 			tx.Rollback()
 			b.Fatal(err)
 		}
@@ -76,50 +66,5 @@ func BenchmarkKeyCount(b *testing.B) {
 		}
 		stores[j] = s
 	}
-	lockstep := func(b *testing.B, op func(j, i int) error) {
-		total := make([]time.Duration, len(sizes))
-		for k := range sizes { // untimed: opens the connections
-			if err := op(k, b.N+k); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			for k := range sizes {
-				j := (i + k) % len(sizes)
-				start := time.Now()
-				if err := op(j, i); err != nil {
-					b.Fatal(err)
-				}
-				total[j] += time.Since(start)
-			}
-		}
-		b.StopTimer()
-		for j, n := range sizes {
-			b.ReportMetric(float64(total[j])/float64(b.N), fmt.Sprintf("ns/req@keys=%d", n))
-		}
-	}
-	b.Run("Replay", func(b *testing.B) {
-		x := uint64(0x9e3779b97f4a7c15)
-		lockstep(b, func(j, _ int) error {
-			x ^= x << 13
-			x ^= x >> 7
-			x ^= x << 17
-			a, err := stores[j].Acquire(ctx, req(key(x%uint64(sizes[j])), "dup"))
-			if err == nil && a.Outcome != idempotency.Completed {
-				err = fmt.Errorf("outcome %v, want a replay", a.Outcome)
-			}
-			return err
-		})
-	})
-	b.Run("FirstExecution", func(b *testing.B) {
-		prefix := fmt.Sprintf("n%x-", time.Now().UnixNano())
-		lockstep(b, func(j, i int) error {
-			key := fmt.Sprintf("%s%d", prefix, i)
-			if _, err := stores[j].Acquire(ctx, req(key, "t")); err != nil {
-				return err
-			}
-			return stores[j].Complete(ctx, key, "t", resp, time.Millisecond)
-		})
-	})
+	keycount.Run(b, stores, key)
 }

@@ -3,7 +3,6 @@ package local_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,65 +17,16 @@ import (
 var ctx = context.Background()
 
 // events collects a relay's events.
-type events struct {
-	mu      sync.Mutex
-	all     []relay.Event
-	changed chan struct{}
-}
+type events = outboxtest.Events
 
-func newEvents() *events { return &events{changed: make(chan struct{})} }
-
-func (e *events) observe(_ context.Context, ev relay.Event) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.all = append(e.all, ev)
-	close(e.changed)
-	e.changed = make(chan struct{})
-}
-
-// of returns the events of kind k.
-func (e *events) of(k relay.EventKind) []relay.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []relay.Event
-	for _, ev := range e.all {
-		if ev.Kind == k {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-// await waits until cond holds, checking it at every event, for at most
-// d, and fails t otherwise.
-func (e *events) await(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	for {
-		e.mu.Lock()
-		changed := e.changed
-		e.mu.Unlock()
-		if cond() {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			if !cond() {
-				t.Fatalf("%s: not within %v", what, d)
-			}
-			return
-		}
-	}
-}
+func newEvents() *events { return outboxtest.NewEvents() }
 
 // noNoise fails t for any event that says the relay marked a message a
 // local run had marked, or lost a claim it held.
-func (e *events) noNoise(t testing.TB) {
+func noNoise(t testing.TB, e *events) {
 	t.Helper()
 	for _, k := range []relay.EventKind{relay.EventFenced, relay.EventClaimLost, relay.EventError, relay.EventCanceled} {
-		if got := e.of(k); len(got) != 0 {
+		if got := e.Of(k); len(got) != 0 {
 			t.Errorf("%d %s events, want none: %+v", len(got), k, got)
 		}
 	}
@@ -87,7 +37,7 @@ func (e *events) noNoise(t testing.TB) {
 func start(t testing.TB, pool *pgxpool.Pool, sink outbox.Sink, opts ...relay.Option) *events {
 	t.Helper()
 	ev := newEvents()
-	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.observe)}, opts...)
+	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.Observe)}, opts...)
 	r := relay.New(pool, sink, opts...)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -103,8 +103,8 @@ func TestExactlyOnceWithRetriesAndDuplicates(t *testing.T) {
 	opts := []relay.Option{relay.WithConcurrency(3), relay.WithBatchSize(5), relay.WithClaimLease(2 * time.Second)}
 	evA := start(t, db.Pool, sink, append(opts, relay.WithName("a"))...)
 	evB := start(t, pgtest.PoolOn(t, db.URL, bigPool), sink, append(opts, relay.WithName("b"))...)
-	published := func() int { return len(evA.of(relay.EventPublished)) + len(evB.of(relay.EventPublished)) }
-	evA.await(t, 30*time.Second, "30 published", func() bool { return published() >= 30 })
+	published := func() int { return len(evA.Of(relay.EventPublished)) + len(evB.Of(relay.EventPublished)) }
+	evA.Await(t, 30*time.Second, "30 published", func() bool { return published() >= 30 })
 
 	failing := func(i int) bool { return i%3 == 0 || i%5 == 0 }
 	check := func(stage string, wantAttempts func(i int) int) {
@@ -134,7 +134,7 @@ func TestExactlyOnceWithRetriesAndDuplicates(t *testing.T) {
 	})
 	var retried []relay.Event
 	for _, ev := range []*events{evA, evB} {
-		retried = append(retried, ev.of(relay.EventRetried)...)
+		retried = append(retried, ev.Of(relay.EventRetried)...)
 	}
 	panicked := 0
 	for _, e := range retried {
@@ -150,7 +150,7 @@ func TestExactlyOnceWithRetriesAndDuplicates(t *testing.T) {
 	if err != nil || len(requeued) != len(ids) {
 		t.Fatalf("requeue: %d, %v", len(requeued), err)
 	}
-	evA.await(t, 30*time.Second, "60 published", func() bool { return published() >= 60 })
+	evA.Await(t, 30*time.Second, "60 published", func() bool { return published() >= 60 })
 	check("requeued", func(int) int { return 1 })
 	for i, id := range ids {
 		want := 1
@@ -161,8 +161,8 @@ func TestExactlyOnceWithRetriesAndDuplicates(t *testing.T) {
 			t.Errorf("%s ran %d times, want %d", id, n, want)
 		}
 	}
-	evA.noNoise(t)
-	evB.noNoise(t)
+	noNoise(t, evA)
+	noNoise(t, evB)
 	reliability.Report(t, reliability.Result{Scenario: "outbox: local runs, exactly once", Store: "postgres",
 		Operations: 60, Faults: 14 + 30,
 		Note: "30 local runs over two relays, 10 failing and 4 panicking after their write the first time, then all 30 requeued: 30 effect rows, each message done, requeues replayed without a run, no mark refused"})
@@ -239,8 +239,8 @@ func TestOneAtATimePerAccount(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	published := func() int { return len(evA.of(relay.EventPublished)) + len(evB.of(relay.EventPublished)) }
-	evA.await(t, 60*time.Second, "60 published", func() bool { return published() >= accounts*perAccount })
+	published := func() int { return len(evA.Of(relay.EventPublished)) + len(evB.Of(relay.EventPublished)) }
+	evA.Await(t, 60*time.Second, "60 published", func() bool { return published() >= accounts*perAccount })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -271,11 +271,11 @@ func TestOneAtATimePerAccount(t *testing.T) {
 			t.Errorf("%s applied %v, want %v", account, applied[account], want)
 		}
 	}
-	if n := len(evA.of(relay.EventRetried)) + len(evB.of(relay.EventRetried)); n != accounts*perAccount/4 {
+	if n := len(evA.Of(relay.EventRetried)) + len(evB.Of(relay.EventRetried)); n != accounts*perAccount/4 {
 		t.Errorf("%d retries, want %d", n, accounts*perAccount/4)
 	}
-	evA.noNoise(t)
-	evB.noNoise(t)
+	noNoise(t, evA)
+	noNoise(t, evB)
 }
 
 // TestClaimTakenBackWhileRunning: a relay stalls (neither extends its
@@ -322,8 +322,8 @@ func TestClaimTakenBackWhileRunning(t *testing.T) {
 		secondRuns.next(e.ID)
 		return effect(ctx, e, "second")
 	}), relay.WithName("b"), relay.WithClaimLease(5*time.Second), relay.WithPollInterval(20*time.Millisecond))
-	ev.await(t, 10*time.Second, "taken back and claimed again", func() bool {
-		return len(ev.of(relay.EventReclaimed)) == 1 && len(ev.of(relay.EventClaimed)) == 1
+	ev.Await(t, 10*time.Second, "taken back and claimed again", func() bool {
+		return len(ev.Of(relay.EventReclaimed)) == 1 && len(ev.Of(relay.EventClaimed)) == 1
 	})
 	if row, _ := db.Row(t, id); row.Status != lifecycle.Claimed || deref(row.ClaimedBy) != "b" {
 		t.Fatalf("after the takeover: %+v, want claimed by b", row)
@@ -340,7 +340,7 @@ func TestClaimTakenBackWhileRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stale run did not return")
 	}
-	ev.await(t, 10*time.Second, "the second run published", func() bool { return len(ev.of(relay.EventPublished)) == 1 })
+	ev.Await(t, 10*time.Second, "the second run published", func() bool { return len(ev.Of(relay.EventPublished)) == 1 })
 	if got := effects(t, db); !slices.Equal(got[id], []string{"second"}) || len(got) != 1 {
 		t.Errorf("effects %v, want the second run's alone", got)
 	}
@@ -350,7 +350,7 @@ func TestClaimTakenBackWhileRunning(t *testing.T) {
 	if n := secondRuns.of(id); n != 1 {
 		t.Errorf("the second relay ran the message %d times, want 1", n)
 	}
-	ev.noNoise(t)
+	noNoise(t, ev)
 	reliability.Report(t, reliability.Result{Scenario: "outbox: a local run's claim taken back", Store: "postgres",
 		Operations: 2, Faults: 1,
 		Note: "a relay stalled 1 lease past its claim while its run worked: the run's done mark was refused and its effect rolled back; the relay that took the message over waited for the stale run's key and committed once"})
@@ -394,7 +394,7 @@ func TestCancelWhileRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the run's context was not cancelled")
 	}
-	ev.await(t, 5*time.Second, "canceled", func() bool { return len(ev.of(relay.EventCanceled)) == 1 })
+	ev.Await(t, 5*time.Second, "canceled", func() bool { return len(ev.Of(relay.EventCanceled)) == 1 })
 	if got := effects(t, db); len(got) != 0 {
 		t.Errorf("effects %v, want none", got)
 	}
@@ -402,7 +402,7 @@ func TestCancelWhileRunning(t *testing.T) {
 	if row.Status != lifecycle.Canceled || deref(row.LastError) != "canceled: by outbox.Cancel" {
 		t.Errorf("row %+v (%q), want canceled by outbox.Cancel", row, deref(row.LastError))
 	}
-	if n := len(ev.of(relay.EventPublished)) + len(ev.of(relay.EventRetried)) + len(ev.of(relay.EventFenced)); n != 0 {
+	if n := len(ev.Of(relay.EventPublished)) + len(ev.Of(relay.EventRetried)) + len(ev.Of(relay.EventFenced)); n != 0 {
 		t.Errorf("%d published, retried or fenced events, want none", n)
 	}
 }
@@ -444,9 +444,9 @@ func TestErrorsSettle(t *testing.T) {
 	}
 	flaky, broken, refused, suspended, panics := ids[0], ids[1], ids[2], ids[3], ids[4]
 	ev := start(t, db.Pool, sink, relay.WithMaxAttempts(4))
-	ev.await(t, 20*time.Second, "every message settled", func() bool {
-		return len(ev.of(relay.EventPublished)) == 2 && len(ev.of(relay.EventDead)) == 1 &&
-			len(ev.of(relay.EventRefused)) == 1 && len(ev.of(relay.EventSuspended)) == 1
+	ev.Await(t, 20*time.Second, "every message settled", func() bool {
+		return len(ev.Of(relay.EventPublished)) == 2 && len(ev.Of(relay.EventDead)) == 1 &&
+			len(ev.Of(relay.EventRefused)) == 1 && len(ev.Of(relay.EventSuspended)) == 1
 	})
 	want := map[string]struct {
 		status   lifecycle.State
@@ -474,13 +474,13 @@ func TestErrorsSettle(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT suspended_reason FROM idempotency_outbox WHERE storage_key || '/' || seq = $1`, suspended).Scan(&reason); err != nil || reason != "the provider's budget is exhausted" {
 		t.Errorf("suspended reason %q, %v", reason, err)
 	}
-	if s := ev.of(relay.EventSuspended); s[0].ID != suspended || s[0].Reason != "the provider's budget is exhausted" {
+	if s := ev.Of(relay.EventSuspended); s[0].ID != suspended || s[0].Reason != "the provider's budget is exhausted" {
 		t.Errorf("suspended event %+v", s[0])
 	}
-	if r := ev.of(relay.EventRefused); r[0].ID != refused || !errors.Is(r[0].Err, outbox.ErrPermanent) {
+	if r := ev.Of(relay.EventRefused); r[0].ID != refused || !errors.Is(r[0].Err, outbox.ErrPermanent) {
 		t.Errorf("refused event %+v", r[0])
 	}
-	ev.noNoise(t)
+	noNoise(t, ev)
 }
 
 // TestWithoutTransactionSuspends: a Runner without a transaction never
@@ -494,8 +494,8 @@ func TestWithoutTransactionSuspends(t *testing.T) {
 		ran.Store(true)
 		return nil
 	}))
-	ev.await(t, 10*time.Second, "suspended", func() bool { return len(ev.of(relay.EventSuspended)) == 1 })
-	if s := ev.of(relay.EventSuspended)[0]; s.ID != id || !strings.Contains(s.Reason, "WithTransaction(true)") {
+	ev.Await(t, 10*time.Second, "suspended", func() bool { return len(ev.Of(relay.EventSuspended)) == 1 })
+	if s := ev.Of(relay.EventSuspended)[0]; s.ID != id || !strings.Contains(s.Reason, "WithTransaction(true)") {
 		t.Errorf("suspended %+v", s)
 	}
 	if row, _ := db.Row(t, id); row.Status != lifecycle.Suspended || row.Attempts != 0 || ran.Load() {

@@ -182,8 +182,8 @@ wait:
 		}
 	}
 	rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered each once more
-	ev.await(t, 5*time.Second, "3 reclaimed, 3 published", func() bool {
-		return len(ev.of(relay.EventReclaimed)) == 3 && len(ev.of(relay.EventPublished)) == 3
+	ev.Await(t, 5*time.Second, "3 reclaimed, 3 published", func() bool {
+		return len(ev.Of(relay.EventReclaimed)) == 3 && len(ev.Of(relay.EventPublished)) == 3
 	})
 	for _, id := range ids {
 		if row, _ := db.Row(t, id); row.Status != lifecycle.Done || row.Attempts != 2 {
@@ -299,8 +299,8 @@ func TestPipelinedRelayKilledBetweenPublishAndMark(t *testing.T) {
 			t.Errorf("%s presented at attempt %d, want %d", d.ID, d.Attempt, want)
 		}
 	}
-	ev.await(t, 5*time.Second, "15 reclaimed, 20 published", func() bool {
-		return len(ev.of(relay.EventReclaimed)) == 15 && len(ev.of(relay.EventPublished)) == 20
+	ev.Await(t, 5*time.Second, "15 reclaimed, 20 published", func() bool {
+		return len(ev.Of(relay.EventReclaimed)) == 15 && len(ev.Of(relay.EventPublished)) == 20
 	})
 	db.AwaitAllDone(t, 5*time.Second)
 	reliability.Report(t, reliability.Result{Scenario: "outbox: pipelined relay SIGKILLed with a batch published, one published and waiting for its mark, one claimed", Store: "postgres",
@@ -339,7 +339,7 @@ func TestConnectionKilledDuringClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.ExpectOnceEach(t, ids)
-	if len(ev.of(relay.EventError)) == 0 {
+	if len(ev.Of(relay.EventError)) == 0 {
 		t.Error("the killed claim was not reported")
 	}
 	db.AwaitAllDone(t, 5*time.Second)
@@ -405,7 +405,7 @@ func TestClaimReplyLost(t *testing.T) {
 			t.Errorf("%s at attempt %d, want 2", d.ID, d.Attempt)
 		}
 	}
-	ev.await(t, 5*time.Second, "10 reclaimed", func() bool { return len(ev.of(relay.EventReclaimed)) == len(ids) })
+	ev.Await(t, 5*time.Second, "10 reclaimed", func() bool { return len(ev.Of(relay.EventReclaimed)) == len(ids) })
 	db.AwaitAllDone(t, 5*time.Second)
 	reliability.Report(t, reliability.Result{Scenario: "outbox: claim committed, its reply lost", Store: "postgres",
 		Operations: int64(len(ids)), Faults: 1, Note: "10 messages claimed by nobody, taken back after the 500ms lease, delivered once each at attempt 2"})

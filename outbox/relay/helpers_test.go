@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,65 +23,16 @@ func TestMain(m *testing.M) {
 }
 
 // events collects a relay's events.
-type events struct {
-	mu      sync.Mutex
-	all     []relay.Event
-	changed chan struct{}
-}
+type events = outboxtest.Events
 
-func newEvents() *events { return &events{changed: make(chan struct{})} }
-
-func (e *events) observe(_ context.Context, ev relay.Event) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.all = append(e.all, ev)
-	close(e.changed)
-	e.changed = make(chan struct{})
-}
-
-// of returns the events of kind k.
-func (e *events) of(k relay.EventKind) []relay.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []relay.Event
-	for _, ev := range e.all {
-		if ev.Kind == k {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-// await waits until cond holds, checking it at every event, for at most
-// d, and fails t otherwise.
-func (e *events) await(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	for {
-		e.mu.Lock()
-		changed := e.changed
-		e.mu.Unlock()
-		if cond() {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			if !cond() {
-				t.Fatalf("%s: not within %v", what, d)
-			}
-			return
-		}
-	}
-}
+func newEvents() *events { return outboxtest.NewEvents() }
 
 // start runs a relay on pool through sink until t ends, with a fast
 // backoff unless opts set one, and returns its events.
 func start(t testing.TB, pool *pgxpool.Pool, sink outbox.Sink, opts ...relay.Option) *events {
 	t.Helper()
 	ev := newEvents()
-	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.observe)}, opts...)
+	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.Observe)}, opts...)
 	r := relay.New(pool, sink, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -54,12 +54,12 @@ func TestUnreadableRowSetApart(t *testing.T) {
 	if err := rec.AwaitIDs(10*time.Second, healthy...); err != nil {
 		t.Fatalf("%v: %d of 9 healthy messages published", err, len(rec.Counts()))
 	}
-	ev.await(t, 5*time.Second, "the bad row set apart", func() bool { return len(ev.of(relay.EventUnreadable)) == 1 })
+	ev.Await(t, 5*time.Second, "the bad row set apart", func() bool { return len(ev.Of(relay.EventUnreadable)) == 1 })
 	rec.ExpectOnceEach(t, healthy)
-	if c := ev.of(relay.EventClaimed); len(c) == 0 || c[0].Count != 10 {
+	if c := ev.Of(relay.EventClaimed); len(c) == 0 || c[0].Count != 10 {
 		t.Errorf("claims %+v, want the 10 messages in one batch", c)
 	}
-	u := ev.of(relay.EventUnreadable)[0]
+	u := ev.Of(relay.EventUnreadable)[0]
 	const why = "column headers is not a JSON object of strings: json: cannot unmarshal number"
 	if u.ID != bad || u.Attempt != 1 || u.Err == nil || !strings.Contains(u.Err.Error(), why) {
 		t.Errorf("unreadable event %+v", u)
@@ -69,11 +69,11 @@ func TestUnreadableRowSetApart(t *testing.T) {
 		!strings.Contains(deref(row.LastError), why) {
 		t.Errorf("the bad row: %+v, last error %q", row, deref(row.LastError))
 	}
-	ev.await(t, 5*time.Second, "9 published", func() bool { return len(ev.of(relay.EventPublished)) == 9 })
+	ev.Await(t, 5*time.Second, "9 published", func() bool { return len(ev.Of(relay.EventPublished)) == 9 })
 	if st := db.Statuses(t); st[lifecycle.Done] != 9 || st[lifecycle.Dead] != 1 || len(st) != 2 {
 		t.Errorf("statuses %v, want 9 done and 1 dead", st)
 	}
-	if n := len(ev.of(relay.EventError)) + len(ev.of(relay.EventReclaimed)); n != 0 {
+	if n := len(ev.Of(relay.EventError)) + len(ev.Of(relay.EventReclaimed)); n != 0 {
 		t.Errorf("%d errors and claims taken back, want none", n)
 	}
 	reliability.Report(t, reliability.Result{Scenario: "outbox: an unreadable row in a batch", Store: "postgres",
@@ -131,17 +131,17 @@ func TestLongPublishKeepsItsClaim(t *testing.T) {
 	<-started
 	other := outboxtest.NewRecorder()
 	evB := start(t, newPool(t, db.URL), other, relay.WithName("b"), relay.WithClaimLease(lease), relay.WithPollInterval(20*time.Millisecond))
-	evA.await(t, 10*time.Second, "published", func() bool { return len(evA.of(relay.EventPublished)) == 1 })
-	if p := evA.of(relay.EventPublished)[0]; p.Attempt != 1 || p.Duration < 4*lease {
+	evA.Await(t, 10*time.Second, "published", func() bool { return len(evA.Of(relay.EventPublished)) == 1 })
+	if p := evA.Of(relay.EventPublished)[0]; p.Attempt != 1 || p.Duration < 4*lease {
 		t.Errorf("published %+v, want attempt 1 after 4 leases", p)
 	}
-	if n := len(evA.of(relay.EventExtended)); n < 3 {
+	if n := len(evA.Of(relay.EventExtended)); n < 3 {
 		t.Errorf("%d extends over 4 leases, want at least 3", n)
 	}
-	if l := evA.of(relay.EventClaimLost); len(l) != 0 {
+	if l := evA.Of(relay.EventClaimLost); len(l) != 0 {
 		t.Errorf("claim lost: %+v", l)
 	}
-	if n := len(evB.of(relay.EventReclaimed)) + other.Count(id); n != 0 {
+	if n := len(evB.Of(relay.EventReclaimed)) + other.Count(id); n != 0 {
 		t.Errorf("the other relay took the message back or presented it (%d)", n)
 	}
 	rec.ExpectOnceEach(t, []string{id})
@@ -191,14 +191,14 @@ func TestCanceledWhilePresented(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sink's context was not cancelled")
 	}
-	ev.await(t, 5*time.Second, "canceled", func() bool { return len(ev.of(relay.EventCanceled)) == 1 })
-	if c := ev.of(relay.EventCanceled)[0]; c.ID != ids[0] || !c.Published {
+	ev.Await(t, 5*time.Second, "canceled", func() bool { return len(ev.Of(relay.EventCanceled)) == 1 })
+	if c := ev.Of(relay.EventCanceled)[0]; c.ID != ids[0] || !c.Published {
 		t.Errorf("canceled event %+v", c)
 	}
-	if l := ev.of(relay.EventClaimLost); len(l) != 1 || l[0].State != lifecycle.Canceled || !errors.Is(l[0].Err, outbox.ErrClaimLost) {
+	if l := ev.Of(relay.EventClaimLost); len(l) != 1 || l[0].State != lifecycle.Canceled || !errors.Is(l[0].Err, outbox.ErrClaimLost) {
 		t.Errorf("claim lost events %+v", l)
 	}
-	if p := ev.of(relay.EventPublished); len(p) != 0 && p[0].ID == ids[0] {
+	if p := ev.Of(relay.EventPublished); len(p) != 0 && p[0].ID == ids[0] {
 		t.Error("the canceled message was reported published")
 	}
 	row, _ := db.Row(t, ids[0])
@@ -237,8 +237,8 @@ func TestSuspendedWhilePresented(t *testing.T) {
 	if got, err := tb.Suspend(ctx, db.Pool, lifecycle.Selector{IDs: []string{id}}, "investigating"); err != nil || len(got) != 1 {
 		t.Fatalf("suspend: %+v, %v", got, err)
 	}
-	ev.await(t, 10*time.Second, "fenced", func() bool { return len(ev.of(relay.EventFenced)) == 1 })
-	if f := ev.of(relay.EventFenced)[0]; f.State != lifecycle.Suspended || f.Published {
+	ev.Await(t, 10*time.Second, "fenced", func() bool { return len(ev.Of(relay.EventFenced)) == 1 })
+	if f := ev.Of(relay.EventFenced)[0]; f.State != lifecycle.Suspended || f.Published {
 		t.Errorf("fenced event %+v, want the suspended state", f)
 	}
 	if row, _ := db.Row(t, id); row.Status != lifecycle.Suspended || row.Attempts != 0 {
@@ -282,8 +282,8 @@ func TestSinkRefusesPermanently(t *testing.T) {
 	if err := rec.AwaitIDs(10*time.Second, append(others, ids[1])...); err != nil {
 		t.Fatal(err)
 	}
-	ev.await(t, 5*time.Second, "refused", func() bool { return len(ev.of(relay.EventRefused)) == 1 })
-	r := ev.of(relay.EventRefused)[0]
+	ev.Await(t, 5*time.Second, "refused", func() bool { return len(ev.Of(relay.EventRefused)) == 1 })
+	r := ev.Of(relay.EventRefused)[0]
 	if r.ID != bad || r.Attempt != 1 || !errors.Is(r.Err, outbox.ErrPermanent) {
 		t.Errorf("refused event %+v", r)
 	}
@@ -294,7 +294,7 @@ func TestSinkRefusesPermanently(t *testing.T) {
 	if n := rec.Failures(bad); n != 1 {
 		t.Errorf("%d presentations of the refused message, want 1", n)
 	}
-	if n := len(ev.of(relay.EventRetried)) + len(ev.of(relay.EventDead)); n != 0 {
+	if n := len(ev.Of(relay.EventRetried)) + len(ev.Of(relay.EventDead)); n != 0 {
 		t.Errorf("%d retries or deaths reported beside the refusal", n)
 	}
 }
@@ -317,8 +317,8 @@ func TestSinkSuspends(t *testing.T) {
 	})
 	ids := db.Enqueue(t, "k", outbox.Message{Topic: "metered"}, outbox.Message{Topic: "after"})
 	ev := start(t, db.Pool, rec)
-	ev.await(t, 10*time.Second, "suspended", func() bool { return len(ev.of(relay.EventSuspended)) == 1 })
-	s := ev.of(relay.EventSuspended)[0]
+	ev.Await(t, 10*time.Second, "suspended", func() bool { return len(ev.Of(relay.EventSuspended)) == 1 })
+	s := ev.Of(relay.EventSuspended)[0]
 	if s.ID != ids[0] || s.Reason != "the daily budget is exhausted" || !errors.Is(s.Err, outbox.ErrSuspend) {
 		t.Errorf("suspended event %+v", s)
 	}
@@ -365,7 +365,7 @@ func TestReleasedWhenStopping(t *testing.T) {
 		return rec.Publish(ctx, e)
 	})
 	ev := newEvents()
-	r := relay.New(db.Pool, sink, relay.WithObserver(ev.observe))
+	r := relay.New(db.Pool, sink, relay.WithObserver(ev.Observe))
 	rctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
@@ -375,7 +375,7 @@ func TestReleasedWhenStopping(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v", err)
 	}
-	if p, rel := ev.of(relay.EventPublished), ev.of(relay.EventReleased); len(p) != 1 || len(rel) != 1 || rel[0].Count != 2 {
+	if p, rel := ev.Of(relay.EventPublished), ev.Of(relay.EventReleased); len(p) != 1 || len(rel) != 1 || rel[0].Count != 2 {
 		t.Fatalf("published %d, released %+v; want 1 and a release of 2", len(p), rel)
 	}
 	if st := db.Statuses(t); st[lifecycle.Done] != 1 || st[lifecycle.Ready] != 2 {

@@ -74,8 +74,8 @@ func TestLoggerReportsFailures(t *testing.T) {
 	poison := db.Enqueue(t, "poison", outbox.Message{Topic: "poison"})[0]
 	logs := &logRecorder{}
 	ev := start(t, db.Pool, rec, relay.WithName("r-log"), relay.WithMaxAttempts(2), relay.WithLogger(slog.New(logs)))
-	ev.await(t, 10*time.Second, "the flaky message published, the poison message dead", func() bool {
-		return len(ev.of(relay.EventPublished)) == 1 && len(ev.of(relay.EventDead)) == 1
+	ev.Await(t, 10*time.Second, "the flaky message published, the poison message dead", func() bool {
+		return len(ev.Of(relay.EventPublished)) == 1 && len(ev.Of(relay.EventDead)) == 1
 	})
 
 	retried := logs.find(slog.LevelWarn, flaky)
@@ -96,7 +96,7 @@ func TestLoggerReportsFailures(t *testing.T) {
 	if w := logs.find(slog.LevelWarn, poison); len(w) != 1 {
 		t.Errorf("the poison message's first failure logged %d times at Warn, want 1", len(w))
 	}
-	if n := len(ev.of(relay.EventRetried)); n != 2 {
+	if n := len(ev.Of(relay.EventRetried)); n != 2 {
 		t.Errorf("the observer got %d retried events beside the logger, want 2", n)
 	}
 }
@@ -159,8 +159,8 @@ func TestLoggerReportsLifecycle(t *testing.T) {
 	}
 	logs := &logRecorder{}
 	ev := start(t, db.Pool, rec, relay.WithName("r-log"), relay.WithLogger(slog.New(logs)))
-	ev.await(t, 10*time.Second, "refused, suspended, unreadable", func() bool {
-		return len(ev.of(relay.EventRefused)) == 1 && len(ev.of(relay.EventSuspended)) == 1 && len(ev.of(relay.EventUnreadable)) == 1
+	ev.Await(t, 10*time.Second, "refused, suspended, unreadable", func() bool {
+		return len(ev.Of(relay.EventRefused)) == 1 && len(ev.Of(relay.EventSuspended)) == 1 && len(ev.Of(relay.EventUnreadable)) == 1
 	})
 	if r := logs.find(slog.LevelError, refused); len(r) != 1 || r[0]["error"] != "invalid subject" || !strings.Contains(r[0]["msg"], "refused") {
 		t.Errorf("the refusal logged as %v", r)

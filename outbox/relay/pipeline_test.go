@@ -119,11 +119,11 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 	if err := sink.rec.AwaitIDs(10*time.Second, append(ok, flaky)...); err != nil {
 		t.Fatal(err)
 	}
-	ev.await(t, 5*time.Second, "6 published, 1 refused, 1 suspended, 1 unreadable", func() bool {
-		return len(ev.of(relay.EventPublished)) == 6 && len(ev.of(relay.EventRefused)) == 1 && len(ev.of(relay.EventSuspended)) == 1 &&
-			len(ev.of(relay.EventUnreadable)) == 1
+	ev.Await(t, 5*time.Second, "6 published, 1 refused, 1 suspended, 1 unreadable", func() bool {
+		return len(ev.Of(relay.EventPublished)) == 6 && len(ev.Of(relay.EventRefused)) == 1 && len(ev.Of(relay.EventSuspended)) == 1 &&
+			len(ev.Of(relay.EventUnreadable)) == 1
 	})
-	if c := ev.of(relay.EventClaimed); c[0].Count != 9 {
+	if c := ev.Of(relay.EventClaimed); c[0].Count != 9 {
 		t.Errorf("the first claim took %d messages, want the 9", c[0].Count)
 	}
 	first, _, _ := sink.call(0)
@@ -135,7 +135,7 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 			t.Errorf("confirmed %s: %+v, want done at attempt 1", id, row)
 		}
 	}
-	if r := ev.of(relay.EventRetried); len(r) != 1 || r[0].ID != flaky || r[0].Attempt != 1 {
+	if r := ev.Of(relay.EventRetried); len(r) != 1 || r[0].ID != flaky || r[0].Attempt != 1 {
 		t.Errorf("retried events %+v, want the flaky message's first attempt", r)
 	}
 	if row, _ := db.Row(t, flaky); row.Status != lifecycle.Done || row.Attempts != 2 {
@@ -151,7 +151,7 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 		!strings.Contains(deref(row.LastError), relay.CodeUnreadable+": row ") || !strings.Contains(deref(row.LastError), "column headers") {
 		t.Errorf("unreadable %s: %+v, last error %q", unreadable, row, deref(row.LastError))
 	}
-	for _, p := range ev.of(relay.EventPublished) {
+	for _, p := range ev.Of(relay.EventPublished) {
 		if p.Age <= 0 || p.Duration <= 0 {
 			t.Errorf("published event %+v", p)
 		}
@@ -189,7 +189,7 @@ func TestNextBatchSkipsKeysInFlight(t *testing.T) {
 	}
 	ev := start(t, db.Pool, sink, relay.WithBatchSize(3))
 	// The first batch is with the sink; the next one is claimed meanwhile.
-	ev.await(t, 10*time.Second, "two claims", func() bool { return len(ev.of(relay.EventClaimed)) >= 2 })
+	ev.Await(t, 10*time.Second, "two claims", func() bool { return len(ev.Of(relay.EventClaimed)) >= 2 })
 	if first, _, _ := sink.call(0); !slices.Equal(first, firsts) {
 		t.Fatalf("the first batch presented %v, want %v", first, firsts)
 	}
@@ -203,7 +203,7 @@ func TestNextBatchSkipsKeysInFlight(t *testing.T) {
 			t.Errorf("%s, whose key's message is in flight: %s, want ready", id, row.Status)
 		}
 	}
-	if n := len(ev.of(relay.EventClaimed)); n != 2 {
+	if n := len(ev.Of(relay.EventClaimed)); n != 2 {
 		t.Errorf("%d claims while the sink holds the first batch, want 2 (one claimed ahead)", n)
 	}
 	close(release)
@@ -247,14 +247,14 @@ func TestBatchKeepsItsClaim(t *testing.T) {
 	}
 	other := outboxtest.NewRecorder()
 	evB := start(t, newPool(t, db.URL), other, relay.WithName("b"), relay.WithClaimLease(lease), relay.WithPollInterval(20*time.Millisecond))
-	evA.await(t, 10*time.Second, "published", func() bool { return len(evA.of(relay.EventPublished)) == len(ids) })
-	if n := len(evA.of(relay.EventExtended)); n < 3 {
+	evA.Await(t, 10*time.Second, "published", func() bool { return len(evA.Of(relay.EventPublished)) == len(ids) })
+	if n := len(evA.Of(relay.EventExtended)); n < 3 {
 		t.Errorf("%d extends over 4 leases, want at least 3", n)
 	}
-	if l := evA.of(relay.EventClaimLost); len(l) != 0 {
+	if l := evA.Of(relay.EventClaimLost); len(l) != 0 {
 		t.Errorf("claim lost: %+v", l)
 	}
-	if n := len(evB.of(relay.EventReclaimed)) + len(other.Counts()); n != 0 {
+	if n := len(evB.Of(relay.EventReclaimed)) + len(other.Counts()); n != 0 {
 		t.Errorf("the other relay took messages back or presented them (%d)", n)
 	}
 	sink.rec.ExpectOnceEach(t, ids)
@@ -300,13 +300,13 @@ func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
 	if _, err := tb.Cancel(ctx, db.Pool, ids[:1], "refunded"); err != nil {
 		t.Fatal(err)
 	}
-	ev.await(t, 10*time.Second, "the canceled message lost", func() bool { return len(ev.of(relay.EventClaimLost)) == 1 })
-	if l := ev.of(relay.EventClaimLost)[0]; l.ID != ids[0] || l.State != lifecycle.Canceled {
+	ev.Await(t, 10*time.Second, "the canceled message lost", func() bool { return len(ev.Of(relay.EventClaimLost)) == 1 })
+	if l := ev.Of(relay.EventClaimLost)[0]; l.ID != ids[0] || l.State != lifecycle.Canceled {
 		t.Errorf("claim lost %+v, want %s canceled", l, ids[0])
 	}
 	// Two more extends: the call's context stays, for the two others.
-	extends := len(ev.of(relay.EventExtended))
-	ev.await(t, 10*time.Second, "two more extends", func() bool { return len(ev.of(relay.EventExtended)) >= extends+2 })
+	extends := len(ev.Of(relay.EventExtended))
+	ev.Await(t, 10*time.Second, "two more extends", func() bool { return len(ev.Of(relay.EventExtended)) >= extends+2 })
 	if err := callCtx.Err(); err != nil {
 		t.Fatalf("the call's context ended (%v) when one of its three messages was canceled", context.Cause(callCtx))
 	}
@@ -322,18 +322,18 @@ func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
 		t.Fatal("the call's context was not cancelled once all its messages were lost")
 	}
 	close(release) // the sink confirms them all
-	ev.await(t, 10*time.Second, "the refused marks", func() bool {
-		return len(ev.of(relay.EventCanceled)) == 1 && len(ev.of(relay.EventFenced)) == 2
+	ev.Await(t, 10*time.Second, "the refused marks", func() bool {
+		return len(ev.Of(relay.EventCanceled)) == 1 && len(ev.Of(relay.EventFenced)) == 2
 	})
-	if c := ev.of(relay.EventCanceled)[0]; c.ID != ids[0] || !c.Published {
+	if c := ev.Of(relay.EventCanceled)[0]; c.ID != ids[0] || !c.Published {
 		t.Errorf("canceled event %+v", c)
 	}
-	for _, f := range ev.of(relay.EventFenced) {
+	for _, f := range ev.Of(relay.EventFenced) {
 		if f.State != lifecycle.Suspended || !f.Published {
 			t.Errorf("fenced event %+v, want a published message found suspended", f)
 		}
 	}
-	if p := ev.of(relay.EventPublished); len(p) != 0 {
+	if p := ev.Of(relay.EventPublished); len(p) != 0 {
 		t.Errorf("published events %+v for messages whose claim was lost", p)
 	}
 	st := db.Statuses(t)
@@ -379,6 +379,6 @@ func TestBatchContextEndsBeforeTakeover(t *testing.T) {
 	if !lostBy.Before(until) {
 		t.Errorf("the call's context ended at %v, not before the claim ran out at %v", lostBy, until)
 	}
-	ev.await(t, 5*time.Second, "3 claims lost", func() bool { return len(ev.of(relay.EventClaimLost)) == 3 })
+	ev.Await(t, 5*time.Second, "3 claims lost", func() bool { return len(ev.Of(relay.EventClaimLost)) == 3 })
 	proxy.Restore()
 }

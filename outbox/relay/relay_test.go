@@ -81,7 +81,7 @@ func TestPublishesAndMarksDone(t *testing.T) {
 	if err := rec.AwaitIDs(10*time.Second, ids...); err != nil {
 		t.Fatal(err)
 	}
-	ev.await(t, 5*time.Second, "2 published events", func() bool { return len(ev.of(relay.EventPublished)) == 2 })
+	ev.Await(t, 5*time.Second, "2 published events", func() bool { return len(ev.Of(relay.EventPublished)) == 2 })
 	rec.ExpectOnceEach(t, ids)
 	d := rec.Deliveries()
 	byID := map[string]outboxtest.Delivery{}
@@ -102,7 +102,7 @@ func TestPublishesAndMarksDone(t *testing.T) {
 			t.Errorf("row %s: %+v %v", id, row, ok)
 		}
 	}
-	for _, e := range ev.of(relay.EventPublished) {
+	for _, e := range ev.Of(relay.EventPublished) {
 		if e.Relay != "r1" || e.Attempt != 1 || e.Age <= 0 || e.Topic == "" {
 			t.Errorf("published event %+v", e)
 		}
@@ -133,17 +133,17 @@ func TestThreeRelaysPartition(t *testing.T) {
 	var per []string
 	total := 0
 	for i, ev := range evs {
-		ev.await(t, 5*time.Second, "published events", func() bool {
+		ev.Await(t, 5*time.Second, "published events", func() bool {
 			n := 0
 			for _, e := range evs {
-				n += len(e.of(relay.EventPublished))
+				n += len(e.Of(relay.EventPublished))
 			}
 			return n == len(ids)
 		})
-		n := len(ev.of(relay.EventPublished))
+		n := len(ev.Of(relay.EventPublished))
 		total += n
 		per = append(per, fmt.Sprintf("r%d %d", i, n))
-		if f := ev.of(relay.EventFenced); len(f) > 0 {
+		if f := ev.Of(relay.EventFenced); len(f) > 0 {
 			t.Errorf("relay %d: %d fenced marks", i, len(f))
 		}
 	}
@@ -187,11 +187,11 @@ func TestFailingSinkBacksOffThenDead(t *testing.T) {
 	poison := db.Enqueue(t, "bad", outbox.Message{Topic: "poison"})[0]
 	good := enqueueN(t, db, "good", 5, 1)
 	ev := start(t, db.Pool, rec, relay.WithMaxAttempts(4), relay.WithBackoff(20*time.Millisecond, 40*time.Millisecond))
-	ev.await(t, 10*time.Second, "the poison message dead", func() bool { return len(ev.of(relay.EventDead)) == 1 })
+	ev.Await(t, 10*time.Second, "the poison message dead", func() bool { return len(ev.Of(relay.EventDead)) == 1 })
 	if err := rec.AwaitIDs(5*time.Second, good...); err != nil {
 		t.Fatal(err)
 	}
-	retried := ev.of(relay.EventRetried)
+	retried := ev.Of(relay.EventRetried)
 	if len(retried) != 3 {
 		t.Fatalf("%d retried events, want 3", len(retried))
 	}
@@ -204,7 +204,7 @@ func TestFailingSinkBacksOffThenDead(t *testing.T) {
 			t.Errorf("retry %d: %+v, want attempt %d, backoff in [%v, %v]", i, e, i+1, lo, hi)
 		}
 	}
-	dead := ev.of(relay.EventDead)[0]
+	dead := ev.Of(relay.EventDead)[0]
 	if dead.ID != poison || dead.Attempt != 4 || dead.Reclaimed || dead.Err == nil || !strings.Contains(dead.Err.Error(), "attempt 4") {
 		t.Errorf("dead event %+v", dead)
 	}
@@ -242,7 +242,7 @@ func TestSinkPanicIsAFailure(t *testing.T) {
 	if err := rec.AwaitIDs(10*time.Second, id); err != nil {
 		t.Fatal(err)
 	}
-	r := ev.of(relay.EventRetried)
+	r := ev.Of(relay.EventRetried)
 	if len(r) != 1 || !strings.Contains(r[0].Err.Error(), "sink bug") {
 		t.Fatalf("retried events %+v", r)
 	}
@@ -355,7 +355,7 @@ func TestFencedAfterTakeover(t *testing.T) {
 	evA := start(t, poolA, slow, relay.WithName("a"), relay.WithClaimLease(300*time.Millisecond))
 	<-stalled
 	proxy.Stall() // a's extends get no answer
-	evA.await(t, 10*time.Second, "a's claim lost", func() bool { return len(evA.of(relay.EventClaimLost)) == 1 })
+	evA.Await(t, 10*time.Second, "a's claim lost", func() bool { return len(evA.Of(relay.EventClaimLost)) == 1 })
 	lostBy := time.Now()
 	// The server's clock and this one are the same machine's.
 	var until time.Time
@@ -367,7 +367,7 @@ func TestFencedAfterTakeover(t *testing.T) {
 	}
 	fast := outboxtest.NewRecorder()
 	evB := start(t, newPool(t, db.URL), fast, relay.WithName("b"), relay.WithClaimLease(300*time.Millisecond), relay.WithPollInterval(50*time.Millisecond))
-	evB.await(t, 10*time.Second, "b's publish", func() bool { return len(evB.of(relay.EventPublished)) == 1 })
+	evB.Await(t, 10*time.Second, "b's publish", func() bool { return len(evB.Of(relay.EventPublished)) == 1 })
 	if d := fast.Deliveries(); d[0].Attempt != 2 {
 		t.Errorf("b presented attempt %d, want 2 (a's claim counted)", d[0].Attempt)
 	}
@@ -376,14 +376,14 @@ func TestFencedAfterTakeover(t *testing.T) {
 	if err := <-cause; !errors.Is(err, outbox.ErrClaimLost) {
 		t.Errorf("a's sink context ended with %v, want a cause wrapping ErrClaimLost", err)
 	}
-	evA.await(t, 10*time.Second, "a's fenced mark", func() bool { return len(evA.of(relay.EventFenced)) == 1 })
-	if f := evA.of(relay.EventFenced)[0]; f.ID != id || !f.Published || f.State != lifecycle.Done {
+	evA.Await(t, 10*time.Second, "a's fenced mark", func() bool { return len(evA.Of(relay.EventFenced)) == 1 })
+	if f := evA.Of(relay.EventFenced)[0]; f.ID != id || !f.Published || f.State != lifecycle.Done {
 		t.Errorf("fenced event %+v, want %s published, found done", f, id)
 	}
-	if l := evA.of(relay.EventClaimLost)[0]; l.ID != id || !errors.Is(l.Err, outbox.ErrClaimLost) {
+	if l := evA.Of(relay.EventClaimLost)[0]; l.ID != id || !errors.Is(l.Err, outbox.ErrClaimLost) {
 		t.Errorf("claim lost event %+v", l)
 	}
-	if len(evA.of(relay.EventPublished)) != 0 {
+	if len(evA.Of(relay.EventPublished)) != 0 {
 		t.Error("a reported its stolen message as published")
 	}
 	row, _ := db.Row(t, id)
@@ -409,8 +409,8 @@ func TestExpiredClaimAtTheCapIsDead(t *testing.T) {
 	}
 	rec := outboxtest.NewRecorder()
 	ev := start(t, db.Pool, rec, relay.WithMaxAttempts(2))
-	ev.await(t, 10*time.Second, "dead", func() bool { return len(ev.of(relay.EventDead)) == 1 })
-	if d := ev.of(relay.EventDead)[0]; d.ID != id || !d.Reclaimed || d.Attempt != 2 {
+	ev.Await(t, 10*time.Second, "dead", func() bool { return len(ev.Of(relay.EventDead)) == 1 })
+	if d := ev.Of(relay.EventDead)[0]; d.ID != id || !d.Reclaimed || d.Attempt != 2 {
 		t.Errorf("dead event %+v", d)
 	}
 	row, _ := db.Row(t, id)
@@ -442,9 +442,9 @@ func TestPurge(t *testing.T) {
 		return nil
 	})
 	ev := start(t, db.Pool, rec, relay.WithMaxAttempts(1), relay.WithRetention(100*time.Millisecond), relay.WithPollInterval(50*time.Millisecond))
-	ev.await(t, 10*time.Second, "4 purged", func() bool {
+	ev.Await(t, 10*time.Second, "4 purged", func() bool {
 		n := 0
-		for _, e := range ev.of(relay.EventPurged) {
+		for _, e := range ev.Of(relay.EventPurged) {
 			n += e.Count
 		}
 		return n == 4
@@ -474,8 +474,8 @@ func TestLagReported(t *testing.T) {
 	}
 	rec := outboxtest.NewRecorder()
 	ev := start(t, db.Pool, rec, relay.WithPollInterval(50*time.Millisecond))
-	ev.await(t, 10*time.Second, "a lag of 90s", func() bool {
-		return slices.ContainsFunc(ev.of(relay.EventLag), func(e relay.Event) bool { return e.Lag >= 90*time.Second && e.Lag < 100*time.Second })
+	ev.Await(t, 10*time.Second, "a lag of 90s", func() bool {
+		return slices.ContainsFunc(ev.Of(relay.EventLag), func(e relay.Event) bool { return e.Lag >= 90*time.Second && e.Lag < 100*time.Second })
 	})
 	if rec.Count(ids[1]) != 0 {
 		t.Fatal("the second message was presented while the first was claimed")
@@ -487,8 +487,8 @@ func TestLagReported(t *testing.T) {
 	if err := rec.AwaitIDs(10*time.Second, ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	ev.await(t, 10*time.Second, "a lag of 0", func() bool {
-		lags := ev.of(relay.EventLag)
+	ev.Await(t, 10*time.Second, "a lag of 0", func() bool {
+		lags := ev.Of(relay.EventLag)
 		return lags[len(lags)-1].Lag == 0
 	})
 }
