@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/outbox/internal/calltx"
 	"github.com/go-idempotency/idempotency/outbox/lifecycle"
-	"github.com/go-idempotency/idempotency/pgstore"
 )
 
 // Errors of Enqueue and Cancel.
@@ -18,8 +15,8 @@ var (
 	// ErrNoTransaction is wrapped by the error of Enqueue or Cancel called
 	// outside a transactional route or call: a context without the
 	// idempotency middleware's or Do's Info, or with one whose route or
-	// Runner has no idempotency.WithTransaction(true) over a
-	// pgstore.Store.
+	// Runner has no idempotency.WithTransaction(true) over a store that
+	// keeps an outbox (a pgstore.Store, a sqlitestore.Store).
 	ErrNoTransaction = errors.New("outbox: no transaction")
 	// ErrInvalidMessage is wrapped by the error of Enqueue given a message
 	// that breaks the grammar written beside Message (see
@@ -29,9 +26,10 @@ var (
 
 // Enqueue adds msgs to the outbox in the transaction of the transactional
 // route or call whose context ctx is (idempotency.WithTransaction(true) on
-// a pgstore.Store): they commit with its record and its other writes, or
-// not at all. A 5xx, a panic, a lost lease or a failed commit leaves none
-// of them. It returns their IDs, in the order of msgs.
+// a pgstore.Store or a sqlitestore.Store): they commit with its record and
+// its other writes, or not at all. A 5xx, a panic, a lost lease or a
+// failed commit leaves none of them. It returns their IDs, in the order of
+// msgs.
 //
 // Each message's ID is derived from the record: "<storage key>/<sequence
 // within the record, from 1>" (see ID), stable across attempts (a stolen
@@ -90,43 +88,27 @@ func Enqueue(ctx context.Context, msgs ...Message) ([]string, error) {
 
 // transaction returns the Info of the transactional route or call whose
 // context ctx is, its transaction, and its Store's outbox table.
-func transaction(ctx context.Context) (idempotency.Info, pgx.Tx, *lifecycle.Table, error) {
-	info, ok := idempotency.FromContext(ctx)
-	if !ok {
-		return info, nil, nil, fmt.Errorf("%w: the context is not one of a handler or function run by the idempotency middleware or Do", ErrNoTransaction)
+func transaction(ctx context.Context) (idempotency.Info, lifecycle.DB, *lifecycle.Table, error) {
+	info, db, table, err := calltx.Of(ctx)
+	switch {
+	case errors.Is(err, calltx.ErrNoInfo), errors.Is(err, calltx.ErrNoTx):
+		return info, nil, nil, fmt.Errorf("%w: %w", ErrNoTransaction, err)
+	case err != nil:
+		return info, nil, nil, fmt.Errorf("outbox: %w", err)
 	}
-	tx, ok := info.Tx.(pgx.Tx)
-	if !ok {
-		return info, nil, nil, fmt.Errorf("%w: the route or Runner has no idempotency.WithTransaction(true) over a pgstore.Store", ErrNoTransaction)
-	}
-	name := pgstore.DefaultOutboxTable
-	if o, ok := info.Tx.(interface{ OutboxTable() string }); ok {
-		name = o.OutboxTable()
-	}
-	table, err := Table(name)
-	if err != nil {
-		return info, nil, nil, err
-	}
-	return info, tx, table, nil
+	return info, db, table, nil
 }
-
-// tables are the outbox tables by name, their statements rendered once.
-var tables sync.Map // string -> *lifecycle.Table
 
 // Table returns the outbox table named name (as pgstore.WithOutboxTable
 // takes it) in PostgreSQL, the statements of its edges rendered once per
 // process: what Enqueue and Cancel write to, for a relay or a tool to
 // share. It returns an error for a name pgstore would refuse.
 func Table(name string) (*lifecycle.Table, error) {
-	if t, ok := tables.Load(name); ok {
-		return t.(*lifecycle.Table), nil
-	}
-	t, err := lifecycle.New(name, lifecycle.PostgreSQL)
+	t, err := calltx.Table(name)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	got, _ := tables.LoadOrStore(name, t)
-	return got.(*lifecycle.Table), nil
+	return t, nil
 }
 
 // Channel returns the LISTEN/NOTIFY channel on which the transactions that

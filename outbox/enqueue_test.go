@@ -17,9 +17,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/outboxtest"
 	"github.com/go-idempotency/idempotency/internal/reliability"
-	"github.com/go-idempotency/idempotency/memstore"
 	"github.com/go-idempotency/idempotency/outbox"
-	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
@@ -62,9 +60,7 @@ func (p paused) Extend(ctx context.Context, key, token string, lease time.Durati
 func newShop(t *testing.T, opts ...idempotency.Option) *shop {
 	t.Helper()
 	s := &shop{db: outboxtest.NewDB(t), attempts: map[string][][]string{}}
-	if _, err := s.db.Pool.Exec(ctx, `
-		CREATE TABLE accounts (id int PRIMARY KEY);
-		CREATE TABLE refused (account int REFERENCES accounts DEFERRABLE INITIALLY DEFERRED);`); err != nil {
+	if _, err := s.db.Pool.Exec(ctx, refusingTables("public")); err != nil {
 		t.Fatal(err)
 	}
 	mw := idempotency.New(paused{s.db.Store, &s.heartbeats}, append([]idempotency.Option{idempotency.WithTransaction(true)}, opts...)...)
@@ -112,14 +108,8 @@ func (s *shop) order(w http.ResponseWriter, r *http.Request) {
 }
 
 // lockWaits returns how many of the test database's sessions wait for a
-// lock (-1 when the query fails).
-func (s *shop) lockWaits() int {
-	var n int
-	if err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
-		return -1
-	}
-	return n
-}
+// lock.
+func (s *shop) lockWaits() int { return lockWaits(s.db.Pool, "") }
 
 // post sends an order with key and returns the status and body (an
 // error answer's problem code is in the body).
@@ -310,168 +300,6 @@ func TestLostLeaseStableIDs(t *testing.T) {
 	}
 	reliability.Report(t, reliability.Result{Scenario: "outbox: owner stalled past its lease, stolen", Store: "postgres",
 		Operations: 3, Faults: 1, Note: "both attempts numbered their 2 messages <key>/1, <key>/2; the owner's rolled back with its 503 lease_lost; the thief's 2 published once each"})
-}
-
-// TestEnqueueOutsideTransaction: without a transactional route or call,
-// Enqueue refuses with ErrNoTransaction and writes nothing.
-func TestEnqueueOutsideTransaction(t *testing.T) {
-	if _, err := outbox.Enqueue(ctx, outbox.Message{Topic: "t"}); !errors.Is(err, outbox.ErrNoTransaction) {
-		t.Errorf("plain context: %v", err)
-	}
-	r := idempotency.NewRunner(memstore.New())
-	_, err := idempotency.Do(ctx, r, idempotency.Call{Name: "x", Key: "k"}, func(ctx context.Context) (int, error) {
-		_, err := outbox.Enqueue(ctx, outbox.Message{Topic: "t"})
-		return 0, err
-	})
-	if !errors.Is(err, outbox.ErrNoTransaction) {
-		t.Errorf("a call without WithTransaction: %v", err)
-	}
-}
-
-// TestEnqueueRefusesInvalidMessages: a message that breaks the grammar
-// (see Message) is refused with ErrInvalidMessage, naming its index and the
-// rule, before any statement runs: the call's other messages are not
-// enqueued, and its transaction goes on (a valid Enqueue after it
-// commits).
-func TestEnqueueRefusesInvalidMessages(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	for i, c := range []struct {
-		m    outbox.Message
-		rule string
-	}{
-		{outbox.Message{}, "no topic"},
-		{outbox.Message{Topic: "a\x00b"}, "not visible ASCII"},
-		{outbox.Message{Topic: "payment created"}, "not visible ASCII"},
-		{outbox.Message{Topic: "payments.*"}, "wildcards"},
-		{outbox.Message{Topic: "t", OrderingKey: "\xff"}, "ordering key is not valid UTF-8"},
-		{outbox.Message{Topic: "t", Headers: map[string]string{"k": "v\x00"}}, "header k: the value holds CR, LF or NUL"},
-		{outbox.Message{Topic: "t", Headers: map[string]string{"Trace Parent": "v"}}, "header name"},
-	} {
-		var refused error
-		res, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "bad", Key: fmt.Sprint("bad-", i)}, func(ctx context.Context) ([]string, error) {
-			_, refused = outbox.Enqueue(ctx, outbox.Message{Topic: "fine"}, c.m)
-			return outbox.Enqueue(ctx, outbox.Message{Topic: "after"})
-		})
-		if !errors.Is(refused, outbox.ErrInvalidMessage) || !strings.Contains(refused.Error(), "message 1: ") || !strings.Contains(refused.Error(), c.rule) {
-			t.Errorf("message %+v: %v, want ErrInvalidMessage naming message 1 and %q", c.m, refused, c.rule)
-		}
-		if err != nil || len(res.Value) != 1 || !strings.HasSuffix(res.Value[0], "/1") {
-			t.Errorf("the valid Enqueue after the refusal: %v, %v", res.Value, err)
-		}
-	}
-	if ids, err := db.TryEnqueue(ctx, "none"); err != nil || len(ids) != 0 {
-		t.Errorf("no messages: %v, %v", ids, err)
-	}
-	if st := db.Statuses(t); len(st) != 1 || st[lifecycle.Ready] != 7 {
-		t.Errorf("rows written: %v, want the 7 valid ones", st)
-	}
-}
-
-// TestEnqueueScheduled: a message with a NotBefore later than the
-// database's clock is scheduled, due then; one with a NotBefore passed is
-// ready.
-func TestEnqueueScheduled(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	at := time.Now().Add(time.Hour).Truncate(time.Microsecond)
-	ids := db.Enqueue(t, "k", outbox.Message{Topic: "later", NotBefore: at}, outbox.Message{Topic: "now", NotBefore: time.Now().Add(-time.Minute)})
-	for i, want := range []lifecycle.State{lifecycle.Scheduled, lifecycle.Ready} {
-		if row, _ := db.Row(t, ids[i]); row.Status != want {
-			t.Errorf("%s: %s, want %s", ids[i], row.Status, want)
-		}
-	}
-	var due time.Time
-	if err := db.Pool.QueryRow(ctx, `SELECT due_at FROM idempotency_outbox WHERE topic = 'later'`).Scan(&due); err != nil || !due.Equal(at) {
-		t.Errorf("due_at %v, %v; want %v", due, err, at)
-	}
-}
-
-// TestCancelInTransaction: Cancel in a transactional call cancels the
-// messages not finished, with the call's commit; a call that rolls back
-// cancels nothing; outside a transaction it is refused.
-func TestCancelInTransaction(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	ids := db.Enqueue(t, "order", outbox.Message{Topic: "a"}, outbox.Message{Topic: "b"}, outbox.Message{Topic: "c"})
-	if _, err := db.Pool.Exec(ctx, `UPDATE idempotency_outbox SET status = 'done', finished_at = clock_timestamp() WHERE topic = 'c'`); err != nil {
-		t.Fatal(err)
-	}
-	declined := errors.New("declined")
-	_, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "rolled-back"}, func(ctx context.Context) (int, error) {
-		if _, err := outbox.Cancel(ctx, ids[0]); err != nil {
-			return 0, err
-		}
-		return 0, declined
-	})
-	if !errors.Is(err, declined) {
-		t.Fatal(err)
-	}
-	if row, _ := db.Row(t, ids[0]); row.Status != lifecycle.Ready {
-		t.Fatalf("a rolled-back cancel left %s %s", ids[0], row.Status)
-	}
-	res, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "committed"}, func(ctx context.Context) ([]string, error) {
-		return outbox.Cancel(ctx, ids...)
-	})
-	if err != nil || !slices.Equal(res.Value, ids[:2]) {
-		t.Fatalf("cancel: %v, %v; want %v (the done one left alone)", res.Value, err, ids[:2])
-	}
-	for i, want := range []lifecycle.State{lifecycle.Canceled, lifecycle.Canceled, lifecycle.Done} {
-		if row, _ := db.Row(t, ids[i]); row.Status != want || (want == lifecycle.Canceled && deref(row.LastError) != "canceled: by outbox.Cancel") {
-			t.Errorf("%s: %+v, want %s", ids[i], row, want)
-		}
-	}
-	if _, err := outbox.Cancel(ctx, ids[0]); !errors.Is(err, outbox.ErrNoTransaction) {
-		t.Errorf("outside a transaction: %v", err)
-	}
-	_, err = idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "cancel", Key: "invalid"}, func(ctx context.Context) ([]string, error) {
-		return outbox.Cancel(ctx, "not-an-id")
-	})
-	if !errors.Is(err, outbox.ErrInvalidID) {
-		t.Errorf("an invalid ID: %v", err)
-	}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return "<nil>"
-	}
-	return *s
-}
-
-// TestSequenceContinues: a call that enqueues twice continues its
-// sequence; a key used again after its record is gone (expired) numbers
-// its messages past those still kept, so IDs stay unique.
-func TestSequenceContinues(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	var ids []string
-	var key string
-	_, err := idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "n", Key: "k"}, func(ctx context.Context) (int, error) {
-		info, _ := idempotency.FromContext(ctx)
-		key = info.StorageKey
-		for range 2 {
-			got, err := outbox.Enqueue(ctx, outbox.Message{Topic: "t"}, outbox.Message{Topic: "t"})
-			if err != nil {
-				return 0, err
-			}
-			ids = append(ids, got...)
-		}
-		return 0, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{key + "/1", key + "/2", key + "/3", key + "/4"}
-	if !slices.Equal(ids, want) {
-		t.Fatalf("IDs %v, want %v", ids, want)
-	}
-	if _, err := db.Pool.Exec(ctx, `DELETE FROM idempotency_records`); err != nil {
-		t.Fatal(err)
-	}
-	_, err = idempotency.Do(ctx, db.Runner, idempotency.Call{Name: "n", Key: "k"}, func(ctx context.Context) (int, error) {
-		ids, err = outbox.Enqueue(ctx, outbox.Message{Topic: "t"})
-		return 0, err
-	})
-	if err != nil || !slices.Equal(ids, []string{key + "/5"}) {
-		t.Fatalf("the key used again: %v, %v; want %s/5", ids, err, key)
-	}
 }
 
 // TestOutboxTableOfTheStore: Enqueue writes to the outbox table of the

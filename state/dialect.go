@@ -14,8 +14,8 @@ import (
 // Types are named as PostgreSQL names them (text, bigint, integer, bytea,
 // json); a dialect renders them as its engine needs, or leaves them out.
 //
-// PostgreSQL is the only dialect for now. Another engine is another
-// Dialect value (WithDialect), not another copy of the operations.
+// PostgreSQL and SQLite are the dialects. Another engine is another
+// Dialect value (NewDB), not another copy of the operations.
 type Dialect struct {
 	// Name names the engine, for errors.
 	Name string
@@ -34,6 +34,11 @@ type Dialect struct {
 	// Outbox is the outbox table's dialect on the same engine, which
 	// writes the events.
 	Outbox lifecycle.Dialect
+	// Steps is set for an engine without data-modifying WITH queries: a
+	// transition runs as three statements (the compare-and-swap, the
+	// history's row, the event) in one transaction (lifecycle.InTx),
+	// instead of one.
+	Steps bool
 }
 
 // PostgreSQL is the dialect of PostgreSQL, through pgx: parameters $n with

@@ -36,17 +36,18 @@
 // and writes the transition's event into the outbox and its row into the
 // record's history. A self-transition (From = To) is a transition too.
 // Under PostgreSQL's READ COMMITTED, two transitions racing from one
-// version serialize on the record's row lock: the second finds the new
-// version and is refused. History lists a record's transitions, kept with
+// version serialize on the record's row lock, and on SQLite on its one
+// writer at a time: the second finds the new version and is refused. History lists a record's transitions, kept with
 // it after the outbox has purged their events; Deliveries shows where the
 // events still in the outbox are.
 //
 // # Transactions
 //
-// Each write is one statement (a refused one reads the record after it, to
-// say why). Inside a transactional route of the
-// idempotency middleware or a transactional call of idempotency.Do
-// (idempotency.WithTransaction(true) over a pgstore.Store), it runs in the
+// Each write is one statement on PostgreSQL, one transaction of three on
+// SQLite (a refused one reads the record after it, to say why). Inside a
+// transactional route of the idempotency middleware or a transactional
+// call of idempotency.Do (idempotency.WithTransaction(true) over a
+// pgstore.Store, or a sqlitestore.Store for its States), it runs in the
 // route's or call's transaction, found in its context: the transition,
 // its event, its history row, the handler's own writes and the
 // idempotency record commit together or not at all. A handler that
@@ -99,8 +100,11 @@
 // # Tables and engines
 //
 // The records and their history are two tables (pgstore.StateSchema;
-// pgstore.Migrate creates them), and the events go into the outbox table.
-// Each operation is one Go method and one SQL template whose
-// engine-specific fragments come from a Dialect (PostgreSQL for now), as
-// the outbox's lifecycle does, so that another engine is another Dialect.
+// pgstore.Migrate creates them; sqlitestore.Open creates them in its file),
+// and the events go into the outbox table. Each operation is one Go method
+// and one SQL template whose engine-specific fragments come from a Dialect
+// (PostgreSQL, SQLite), as the outbox's lifecycle does, so that another
+// engine is another Dialect: New takes a PostgreSQL pool, NewDB a
+// lifecycle.DB of any engine with its dialect (sqlitestore's Store.States
+// calls it).
 package state

@@ -7,8 +7,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 )
 
@@ -32,13 +30,16 @@ func (s *Store) History(ctx context.Context, ref Ref, after int64, limit int) ([
 	if limit > 0 {
 		lim = int64(limit)
 	}
-	db, _ := s.on(ctx)
+	db, _, err := s.on(ctx)
+	if err != nil {
+		return nil, storeError("history", err)
+	}
 	key := EventKey(ref)
 	rows, err := db.Query(ctx, s.sql.history, key, after, lim)
 	if err != nil {
 		return nil, storeError("history", err)
 	}
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+	events, err := lifecycle.Collect(rows, func(row lifecycle.Rows) (Event, error) {
 		ev := Event{Ref: ref}
 		var cause []byte
 		if err := row.Scan(&ev.Version, &ev.From, &ev.To, &cause, &ev.At); err != nil {
@@ -90,7 +91,10 @@ func (s *Store) Deliveries(ctx context.Context, ref Ref) ([]Delivery, error) {
 	if err := validRef(ref); err != nil {
 		return nil, err
 	}
-	db, name := s.on(ctx)
+	db, name, err := s.on(ctx)
+	if err != nil {
+		return nil, storeError("deliveries", err)
+	}
 	m, err := s.move(name)
 	if err != nil {
 		return nil, storeError("deliveries", err)

@@ -130,10 +130,3 @@ func WithTraceContext(f func(ctx context.Context) map[string]string) Option {
 	}
 	return func(c *config) { c.trace = f }
 }
-
-// WithDialect sets the database engine's dialect, for a DB of another
-// engine than PostgreSQL.
-// Default: PostgreSQL.
-func WithDialect(d Dialect) Option {
-	return func(c *config) { c.dialect = d }
-}

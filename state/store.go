@@ -7,17 +7,13 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
-// DB is the database handle a Store runs its statements on: a pool (each
-// statement a transaction of its own), a connection, or a transaction.
-// *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it. It is the outbox's
-// lifecycle.DB.
+// DB is the database handle a Store runs its statements on, in the
+// engine of its dialect: the outbox's lifecycle.DB.
 type DB = lifecycle.DB
 
 // maxAttempts bounds how many times a statement runs when the record
@@ -42,24 +38,41 @@ type Store struct {
 	moves sync.Map // string -> *move
 }
 
-// move is the transition's statement on one outbox table.
+// move is the transition's statement on one outbox table, or its steps
+// (Dialect.Steps).
 type move struct {
 	sql    string
+	steps  steps
 	outbox *lifecycle.Table
 }
 
 // New returns a Store of the records in the table of WithTable
-// (pgstore.DefaultStateTable by default) of the database db connects to:
-// a pool, or a connection; create the tables first with pgstore.Migrate or
-// the SQL of pgstore.StateSchema. Inside a transactional route or call
-// (idempotency.WithTransaction(true) over a pgstore.Store) each call runs
-// in its transaction instead, found in its context. New makes no
-// connection. It panics when db is nil or an option is invalid.
-func New(db DB, opts ...Option) *Store {
+// (pgstore.DefaultStateTable by default) of the PostgreSQL database db
+// connects to: a pool, or a connection (*pgxpool.Pool, *pgx.Conn); create
+// the tables first with pgstore.Migrate or the SQL of pgstore.StateSchema.
+// Inside a transactional route or call (idempotency.WithTransaction(true)
+// over a pgstore.Store) each call runs in its transaction instead, found
+// in its context. New makes no connection. It panics when db is nil or an
+// option is invalid.
+func New(db lifecycle.PgxDB, opts ...Option) *Store {
 	if db == nil {
 		panic("state: New: nil DB")
 	}
+	return NewDB(lifecycle.Pgx(db), PostgreSQL, opts...)
+}
+
+// NewDB returns a Store of the records in the table of WithTable of the
+// database db is, in the dialect d: what sqlitestore's Store.States calls
+// for a SQLite file (with the SQLite dialect), or New for PostgreSQL.
+// Inside a transactional route or call over a store of the same engine,
+// each call runs in its transaction instead. It panics when db is nil or
+// an option is invalid.
+func NewDB(db DB, d Dialect, opts ...Option) *Store {
+	if db == nil {
+		panic("state: NewDB: nil DB")
+	}
 	cfg := newConfig(opts)
+	cfg.dialect = d
 	v := vars{T: cfg.table.Quoted(), H: mustTable(pgstore.StateHistoryTable(cfg.table.String())).Quoted()}
 	sql, err := newStatements(cfg.dialect, v)
 	if err != nil {
@@ -81,29 +94,48 @@ func (s *Store) move(name string) (*move, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	sql, err := transitionStatement(s.cfg.dialect, s.vars, out)
+	mv := &move{outbox: out}
+	if s.cfg.dialect.Steps {
+		mv.steps, err = newSteps(s.cfg.dialect, s.vars, out)
+	} else {
+		mv.sql, err = transitionStatement(s.cfg.dialect, s.vars, out)
+	}
 	if err != nil {
 		return nil, err
 	}
-	m, _ := s.moves.LoadOrStore(name, &move{sql: sql, outbox: out})
+	m, _ := s.moves.LoadOrStore(name, mv)
 	return m.(*move), nil
 }
 
 // on returns the handle that the statements of a call with ctx run on, and
 // the outbox table that its transitions write to: the transaction of the
 // transactional route or call whose context ctx is (idempotency.Info.Tx),
-// whose Store's outbox it is, or else the Store's DB and WithOutboxTable's.
-func (s *Store) on(ctx context.Context) (DB, string) {
-	if info, ok := idempotency.FromContext(ctx); ok {
-		if tx, ok := info.Tx.(DB); ok {
-			name := s.cfg.outbox
-			if o, ok := info.Tx.(interface{ OutboxTable() string }); ok {
-				name = o.OutboxTable()
-			}
-			return tx, name
-		}
+// with its store's outbox, or else the Store's DB and WithOutboxTable's.
+// A route's transaction on another engine than the Store's dialect is an
+// error: the call cannot be part of it.
+func (s *Store) on(ctx context.Context) (DB, string, error) {
+	info, ok := idempotency.FromContext(ctx)
+	if !ok {
+		return s.db, s.cfg.outbox, nil
 	}
-	return s.db, s.cfg.outbox
+	switch tx := info.Tx.(type) {
+	case lifecycle.TxOutbox:
+		db, table := tx.Outbox()
+		if got := table.Dialect().Name; got != s.cfg.dialect.Outbox.Name {
+			return nil, "", fmt.Errorf("the route's transaction is on %s, the Store on %s", got, s.cfg.dialect.Name)
+		}
+		return db, table.Name(), nil
+	case lifecycle.PgxDB:
+		if s.cfg.dialect.Outbox.Name != lifecycle.PostgreSQL.Name {
+			return nil, "", fmt.Errorf("the route's transaction is on %s, the Store on %s", lifecycle.PostgreSQL.Name, s.cfg.dialect.Name)
+		}
+		name := s.cfg.outbox
+		if o, ok := info.Tx.(interface{ OutboxTable() string }); ok {
+			name = o.OutboxTable()
+		}
+		return lifecycle.Pgx(tx), name, nil
+	}
+	return s.db, s.cfg.outbox, nil
 }
 
 // Create stores a record at ref in state st, at version 1, with data (nil
@@ -126,15 +158,20 @@ func (s *Store) Create(ctx context.Context, ref Ref, st string, data json.RawMes
 	if err := validData(data, s.cfg.maxData); err != nil {
 		return Record{}, err
 	}
-	db, _ := s.on(ctx)
+	db, _, err := s.on(ctx)
+	if err != nil {
+		return Record{}, storeError("create", err)
+	}
 	for range maxAttempts {
 		rec := Record{Ref: ref}
-		err := db.QueryRow(ctx, s.sql.create, ref.Scope, ref.Machine, ref.ID, st, string(data)).
-			Scan(&rec.State, &rec.Version, &rec.Data, &rec.CreatedAt, &rec.UpdatedAt)
+		var stored []byte
+		err := lifecycle.QueryRow(ctx, db, s.sql.create, []any{ref.Scope, ref.Machine, ref.ID, st, string(data)},
+			&rec.State, &rec.Version, &stored, &rec.CreatedAt, &rec.UpdatedAt)
+		rec.Data = stored
 		switch {
 		case err == nil:
 			return rec, nil
-		case !errors.Is(err, pgx.ErrNoRows):
+		case !errors.Is(err, lifecycle.ErrNoRows):
 			return Record{}, storeError("create", err)
 		}
 		cur, err := s.get(ctx, db, ref)
@@ -155,16 +192,21 @@ func (s *Store) Get(ctx context.Context, ref Ref) (Record, error) {
 	if err := validRef(ref); err != nil {
 		return Record{}, err
 	}
-	db, _ := s.on(ctx)
+	db, _, err := s.on(ctx)
+	if err != nil {
+		return Record{}, storeError("get", err)
+	}
 	return s.get(ctx, db, ref)
 }
 
 func (s *Store) get(ctx context.Context, db DB, ref Ref) (Record, error) {
 	rec := Record{Ref: ref}
-	err := db.QueryRow(ctx, s.sql.get, ref.Scope, ref.Machine, ref.ID).
-		Scan(&rec.State, &rec.Version, &rec.Data, &rec.CreatedAt, &rec.UpdatedAt)
+	var data []byte
+	err := lifecycle.QueryRow(ctx, db, s.sql.get, []any{ref.Scope, ref.Machine, ref.ID},
+		&rec.State, &rec.Version, &data, &rec.CreatedAt, &rec.UpdatedAt)
+	rec.Data = data
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, lifecycle.ErrNoRows):
 		return Record{}, &NotFoundError{Ref: ref}
 	case err != nil:
 		return Record{}, storeError("get", err)
@@ -204,7 +246,10 @@ func (s *Store) Transition(ctx context.Context, ref Ref, c Change) (Record, erro
 	if err := validChange(c, s.cfg.maxData); err != nil {
 		return Record{}, err
 	}
-	db, outboxName := s.on(ctx)
+	db, outboxName, err := s.on(ctx)
+	if err != nil {
+		return Record{}, storeError("transition", err)
+	}
 	m, err := s.move(outboxName)
 	if err != nil {
 		return Record{}, storeError("transition", err)
@@ -221,15 +266,22 @@ func (s *Store) Transition(ctx context.Context, ref Ref, c Change) (Record, erro
 	for range maxAttempts {
 		rec := Record{Ref: ref}
 		var written int64
-		err := db.QueryRow(ctx, m.sql, ref.Scope, ref.Machine, ref.ID, c.From, c.To, c.ExpectedVersion, data,
-			msg.key, msg.cause, msg.topic, msg.payload, msg.headers, msg.orderingKey).
-			Scan(&rec.State, &rec.Version, &rec.Data, &rec.CreatedAt, &rec.UpdatedAt, &written)
+		args := []any{ref.Scope, ref.Machine, ref.ID, c.From, c.To, c.ExpectedVersion, data,
+			msg.key, msg.cause, msg.topic, msg.payload, msg.headers, msg.orderingKey}
+		var err error
+		if m.steps.move != "" {
+			err = s.transitionSteps(ctx, db, m, args, &rec, &written)
+		} else {
+			var data []byte
+			err = lifecycle.QueryRow(ctx, db, m.sql, args, &rec.State, &rec.Version, &data, &rec.CreatedAt, &rec.UpdatedAt, &written)
+			rec.Data = data
+		}
 		switch {
 		case err == nil && written != 1:
 			return Record{}, storeError("transition", fmt.Errorf("%d events written for one transition", written))
 		case err == nil:
 			return rec, nil
-		case !errors.Is(err, pgx.ErrNoRows):
+		case !errors.Is(err, lifecycle.ErrNoRows):
 			return Record{}, storeError("transition", err)
 		}
 		// Nothing moved: the record as it is now says why. Under READ

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
@@ -61,7 +62,7 @@ func floor(b testing.TB, pool *pgxpool.Pool, sink outbox.BatchSink, n int) {
 	}()
 	go func() {
 		for fb := range toMark {
-			got, err := table.Done(ctx, pool, fb.token, fb.rows)
+			got, err := table.Done(ctx, lifecycle.Pgx(pool), fb.token, fb.rows)
 			if err == nil && len(got) != len(fb.rows) {
 				err = fmt.Errorf("%d of %d marked done", len(got), len(fb.rows))
 			}
@@ -79,7 +80,7 @@ func floor(b testing.TB, pool *pgxpool.Pool, sink outbox.BatchSink, n int) {
 		var tok [16]byte
 		rand.Read(tok[:])
 		fb := floorBatch{token: hex.EncodeToString(tok[:])}
-		msgs, err := table.Claim(ctx, pool, fb.token, "floor", 30*time.Second, defaultBatch)
+		msgs, err := table.Claim(ctx, lifecycle.Pgx(pool), fb.token, "floor", 30*time.Second, defaultBatch)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/benchmarks/load"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/state"
 )
@@ -139,7 +140,7 @@ func BenchmarkTransition(b *testing.B) {
 	s := state.New(pool)
 	quiet := state.PostgreSQL
 	quiet.Notify = nil
-	sq := state.New(pool, state.WithDialect(quiet))
+	sq := state.NewDB(lifecycle.Pgx(pool), quiet)
 
 	// The floor's event is the Store's: the same body, the same columns.
 	handWritten := func(sql string) func(ref state.Ref, from, to string, version int64) error {

@@ -57,7 +57,7 @@ func TestCancelRacingRelays(t *testing.T) {
 		t.Run("sink holding it "+hold+" its publish", func(t *testing.T) {
 			run := startRace(t, hold)
 			r, victim, follower := run.r, run.victim, run.follower
-			changed, err := r.table.Cancel(context.Background(), r.pool, []string{victim}, "proof: canceled while presented")
+			changed, err := r.table.Cancel(context.Background(), lifecycle.Pgx(r.pool), []string{victim}, "proof: canceled while presented")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +111,7 @@ func TestSuspendRacingRelays(t *testing.T) {
 			run := startRace(t, hold)
 			r, victim, follower := run.r, run.victim, run.follower
 			suspendFrom := r.clock()
-			changed, err := r.table.Suspend(context.Background(), r.pool, lifecycle.Selector{IDs: []string{victim}}, "proof: held by an operator")
+			changed, err := r.table.Suspend(context.Background(), lifecycle.Pgx(r.pool), lifecycle.Selector{IDs: []string{victim}}, "proof: held by an operator")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,7 +142,7 @@ func TestSuspendRacingRelays(t *testing.T) {
 
 			resumeFrom := r.clock()
 			mark := r.mark()
-			changed, err = r.table.Resume(context.Background(), r.pool, lifecycle.Selector{IDs: []string{victim}})
+			changed, err = r.table.Resume(context.Background(), lifecycle.Pgx(r.pool), lifecycle.Selector{IDs: []string{victim}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,12 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // claimSQL claims up to $1 due messages for a claim with token $2 by relay
@@ -80,63 +77,71 @@ func (t *Table) Claim(ctx context.Context, db DB, token, relay string, lease tim
 		return nil, fmt.Errorf("lifecycle: claim: %w", err)
 	}
 	defer rows.Close()
-	tm := typeMap(rows)
 	var out []ClaimedMessage
+	var cells [9]cell
+	dst := make([]any, len(cells))
+	for i := range cells {
+		dst[i] = &cells[i]
+	}
 	for rows.Next() {
-		c, err := decodeClaimed(tm, rows.FieldDescriptions(), rows.RawValues())
+		if err := rows.Scan(dst...); err != nil {
+			return nil, fmt.Errorf("lifecycle: claim: %w", err)
+		}
+		c, err := t.decodeClaimed(cells[:])
 		if err != nil { // the row's id itself: nothing to mark it by
 			return nil, fmt.Errorf("lifecycle: claim: %w", err)
 		}
 		out = append(out, c)
 	}
-	if err := rows.Err(); err != nil {
+	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("lifecycle: claim: %w", err)
 	}
 	slices.SortFunc(out, func(a, b ClaimedMessage) int { return cmp.Compare(a.RowID, b.RowID) })
 	return out, nil
 }
 
-// typeMap returns the type map to decode rows' values with: their
-// connection's.
-func typeMap(rows pgx.Rows) *pgtype.Map {
-	if c := rows.Conn(); c != nil {
-		return c.TypeMap()
-	}
-	return pgtype.NewMap()
-}
+// claimColumns name the columns of the claim's rows, for errors.
+var claimColumns = [9]string{"id", "storage_key", "seq", "topic", "payload", "headers", "ordering_key", "attempts", "enqueued_at"}
 
-// decodeClaimed reads one row of the claim from its raw values, column by
-// column, so that a value it cannot read makes that row unreadable (Err)
-// instead of failing the claim's other rows, as a scan of the whole result
-// would. It returns an error only when the row's id cannot be read.
-func decodeClaimed(tm *pgtype.Map, fields []pgconn.FieldDescription, raw [][]byte) (ClaimedMessage, error) {
+// decodeClaimed reads one row of the claim from the values its driver
+// gave, column by column, so that a value it cannot read makes that row
+// unreadable (Err) instead of failing the claim's other rows, as a scan
+// of the whole result would. It returns an error only when the row's id
+// cannot be read.
+func (t *Table) decodeClaimed(cells []cell) (ClaimedMessage, error) {
 	var c ClaimedMessage
-	if len(raw) != 9 || len(fields) != 9 {
-		return c, fmt.Errorf("a row of %d columns, want 9", len(raw))
-	}
-	col := func(i int, dst any) error {
-		name := fields[i].Name
-		if raw[i] == nil {
-			return fmt.Errorf("column %s is NULL", name)
-		}
-		if err := tm.Scan(fields[i].DataTypeOID, fields[i].Format, raw[i], dst); err != nil {
-			return fmt.Errorf("column %s: %w", name, err)
+	col := func(i int, err error) error {
+		if err != nil {
+			return fmt.Errorf("column %s %w", claimColumns[i], err)
 		}
 		return nil
 	}
-	if err := col(0, &c.RowID); err != nil {
-		return c, err
+	var err error
+	if c.RowID, err = integer(cells[0].v, math.MaxInt64); err != nil {
+		return c, col(0, err)
 	}
-	var key string
-	var seq, attempts int32
-	var headers string
-	errs := []error{col(1, &key), col(2, &seq)}
-	if errs[0] == nil && errs[1] == nil {
+	key, kerr := text(cells[1].v)
+	seq, serr := integer(cells[2].v, math.MaxInt32)
+	if kerr == nil && serr == nil {
 		c.ID = MessageID(key, int(seq))
 	}
-	errs = append(errs, col(3, &c.Topic), col(4, &c.Payload), col(5, &headers), col(6, &c.OrderingKey),
-		col(7, &attempts), col(8, &c.EnqueuedAt))
-	if errs[4] == nil {
+	errs := []error{col(1, kerr), col(2, serr)}
+	var headers string
+	var attempts int64
+	var herr error
+	c.Topic, err = text(cells[3].v)
+	errs = append(errs, col(3, err))
+	c.Payload, err = blob(cells[4].v)
+	errs = append(errs, col(4, err))
+	headers, herr = text(cells[5].v)
+	errs = append(errs, col(5, herr))
+	c.OrderingKey, err = text(cells[6].v)
+	errs = append(errs, col(6, err))
+	attempts, err = integer(cells[7].v, math.MaxInt32)
+	errs = append(errs, col(7, err))
+	c.EnqueuedAt, err = t.dialect.time(cells[8].v)
+	errs = append(errs, col(8, err))
+	if herr == nil {
 		errs = append(errs, decodeHeaders(headers, &c.Headers))
 	}
 	c.Attempts = int(attempts)
@@ -144,6 +149,44 @@ func decodeClaimed(tm *pgtype.Map, fields []pgconn.FieldDescription, raw [][]byt
 		c.Err = fmt.Errorf("row %d: %w", c.RowID, err)
 	}
 	return c, nil
+}
+
+// integer reads a driver's integer of at most limit.
+func integer(v any, limit int64) (int64, error) {
+	n, ok := v.(int64)
+	if !ok {
+		return 0, errNotA("integer", v)
+	}
+	if n > limit || n < -limit-1 {
+		return 0, fmt.Errorf("is out of range: %d", n)
+	}
+	return n, nil
+}
+
+// text reads a driver's text.
+func text(v any) (string, error) {
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case []byte:
+		return string(v), nil
+	}
+	return "", errNotA("text", v)
+}
+
+// blob reads a driver's bytes: empty ones as an empty slice, not nil,
+// whatever the driver gives for them.
+func blob(v any) ([]byte, error) {
+	switch v := v.(type) {
+	case []byte:
+		if v == nil {
+			return []byte{}, nil
+		}
+		return v, nil
+	case string:
+		return []byte(v), nil
+	}
+	return nil, errNotA("bytes", v)
 }
 
 // decodeHeaders decodes the headers column's JSON text into h: an object

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -15,7 +16,7 @@ import (
 // integer, bytea, boolean, interval, timestamptz); a dialect renders them
 // as its engine needs, or leaves them out.
 //
-// PostgreSQL is the only dialect for now. Another engine is another
+// PostgreSQL and SQLite are the dialects. Another engine is another
 // Dialect value, not another copy of the edges.
 type Dialect struct {
 	// Name names the engine, for errors.
@@ -61,6 +62,13 @@ type Dialect struct {
 	JSON func(expr string) string
 	// List turns a Go slice into the value bound to a list parameter.
 	List func(v any) any
+	// Arg converts a value bound to a parameter (a time.Time, a
+	// time.Duration...) to what the engine's database/sql driver takes
+	// (see SQL); nil where the driver takes them as they are.
+	Arg func(v any) any
+	// Time reads a time as the engine's driver returns it; nil where it
+	// returns a time.Time.
+	Time func(v any) (time.Time, error)
 	// KeyLocks is the statement that makes the transactions enqueueing
 	// messages of the same ordering keys wait for one another: $1 is the
 	// table's name, $2 the keys, sorted. "" when the engine has no such
@@ -72,6 +80,20 @@ type Dialect struct {
 	// UniqueViolation reports whether err is the engine's refusal of a
 	// row that breaks a unique index.
 	UniqueViolation func(err error) bool
+}
+
+// time reads a time the engine's driver returned.
+func (d Dialect) time(v any) (time.Time, error) {
+	if d.Time != nil {
+		return d.Time(v)
+	}
+	switch v := v.(type) {
+	case time.Time:
+		return v, nil
+	case string: // pgx's infinity and -infinity
+		return time.Time{}, fmt.Errorf("is not a finite time: %s", v)
+	}
+	return time.Time{}, errNotA("time", v)
 }
 
 // Column is a list parameter of Dialect.Rows: the column Name takes the

@@ -1,10 +1,10 @@
 // Package lifecycle owns the state machine of an outbox message: a durable
 // run, from its enqueue in a handler's transaction to its end. Every
 // statement on the outbox table is here (the table's schema aside, in
-// pgstore/outbox.sql): outbox.Enqueue and outbox.Cancel, the relay
-// (outbox/relay) and idemctl outbox take the edges below by calling the
-// methods of Table, each in a transaction or on a pool as the caller
-// chooses (see DB).
+// pgstore/outbox.sql and sqlitestore/outbox.sql): outbox.Enqueue and
+// outbox.Cancel, the relay (outbox/relay), package state and idemctl
+// outbox take the edges below by calling the methods of Table, each in a
+// transaction or on a pool as the caller chooses (see DB).
 //
 // # States
 //
@@ -101,6 +101,20 @@
 // flight, in id order; an earlier message that is scheduled for later, or
 // suspended, holds the later ones back until it is presented, resumed or
 // canceled.
+//
+// # Engines
+//
+// The edges run on PostgreSQL (the PostgreSQL dialect, on a pgx handle
+// made a DB by Pgx) and on SQLite (the SQLite dialect, on a database/sql
+// handle made a DB by SQL; package sqlitestore gives one that takes its
+// write turn). The statements differ only in the fragments of a Dialect.
+// What the engines do differently is in how they order writers:
+// PostgreSQL runs claims and edges at once, under row locks (SKIP LOCKED
+// partitions concurrent claims, an advisory lock per ordering key orders
+// the enqueues of one key) and wakes relays with NOTIFY at commit; SQLite
+// runs one write transaction at a time, which gives the same orders
+// without locks, and has no notifications (sqlitestore wakes the relays of
+// its process, and relays elsewhere poll).
 //
 // # Fencing
 //

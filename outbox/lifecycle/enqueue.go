@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // NewMessage is a message as Enqueue writes it. Enqueue checks only what
@@ -97,21 +95,24 @@ func (t *Table) Enqueue(ctx context.Context, db DB, storageKey string, msgs []Ne
 	keys = slices.Compact(keys)
 
 	d := t.dialect
-	b := &pgx.Batch{}
+	var stmts []stmt
 	if len(keys) > 0 && d.KeyLocks != "" {
-		b.Queue(d.KeyLocks, t.name.String(), d.List(keys))
+		stmts = append(stmts, stmt{sql: d.KeyLocks, args: []any{t.name.String(), d.List(keys)}})
 	}
 	var seqs []int32
-	b.Queue(t.sql.enqueue, storageKey, d.List(topics), d.List(payloads), d.List(headers), d.List(orderingKeys), d.List(notBefore)).
-		Query(func(rows pgx.Rows) error {
+	stmts = append(stmts, stmt{
+		sql:  t.sql.enqueue,
+		args: []any{storageKey, d.List(topics), d.List(payloads), d.List(headers), d.List(orderingKeys), d.List(notBefore)},
+		rows: func(rows Rows) error {
 			var err error
-			seqs, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+			seqs, err = Collect(rows, scanOne[int32])
 			return err
-		})
+		},
+	})
 	if d.Notify != "" {
-		b.Queue(d.Notify, t.Channel())
+		stmts = append(stmts, stmt{sql: d.Notify, args: []any{t.Channel()}})
 	}
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
+	if err := run(ctx, db, stmts); err != nil {
 		if d.UniqueViolation(err) {
 			return nil, fmt.Errorf("lifecycle: enqueue: %w", ErrConflict)
 		}

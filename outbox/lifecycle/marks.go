@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The relay's marks. Each is fenced: it changes a row only while it is
@@ -75,7 +73,7 @@ func (t *Table) markIDs(ctx context.Context, db DB, edge, sql, token string, ids
 	rows, err := db.Query(ctx, sql, append([]any{token, t.dialect.List(ids)}, more...)...)
 	if err == nil {
 		var got []int64
-		if got, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err == nil {
+		if got, err = Collect(rows, scanOne[int64]); err == nil {
 			return got, nil
 		}
 	}
@@ -95,7 +93,7 @@ type Mark struct {
 // $1: waiting for a retry, due after the backoff $4, or dead when this was
 // attempt $3 (the cap) or later; the error $5 is kept either way.
 const retrySQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	attempts = o.attempts + 1,
 	status = CASE WHEN o.attempts + 1 >= {{p 3 "integer"}} THEN {{lit .Dead}} ELSE {{lit .RetryWait}} END,
 	due_at = {{shift "clock.t" 4 1}},
@@ -104,7 +102,7 @@ UPDATE {{.T}} o SET
 	claim_token = NULL, claim_until = NULL
 FROM {{template "clock"}}
 WHERE o.id = {{p 2 "bigint"}} AND o.status IN {{in .From}} AND o.claim_token = {{p 1 "text"}}
-RETURNING o.status, o.attempts`
+RETURNING status, attempts`
 
 // Retry is the retry edge: the presentation of the message id claimed
 // under token failed with lastError ("<code>: <message>", kept as Text
@@ -118,11 +116,11 @@ func (t *Table) Retry(ctx context.Context, db DB, token string, id int64, maxAtt
 // refuseSQL records the sink's permanent refusal of the message $2
 // claimed under $1: dead at once, with the reason $3.
 const refuseSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Dead}}, attempts = o.attempts + 1, finished_at = {{now}},
 	last_error = {{p 3 "text"}}, claim_token = NULL, claim_until = NULL
 WHERE o.id = {{p 2 "bigint"}} AND o.status IN {{in .From}} AND o.claim_token = {{p 1 "text"}}
-RETURNING o.status, o.attempts`
+RETURNING status, attempts`
 
 // Refuse is the refuse edge: the sink refused the message id claimed
 // under token permanently (outbox.Permanent), with reason, which becomes
@@ -136,11 +134,11 @@ func (t *Table) Refuse(ctx context.Context, db DB, token string, id int64, reaso
 // unreadableSQL sets apart the message $2 claimed under $1 whose row the
 // relay could not read: dead at once, with the decode error $3.
 const unreadableSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Dead}}, attempts = o.attempts + 1, finished_at = {{now}},
 	last_error = {{p 3 "text"}}, claim_token = NULL, claim_until = NULL
 WHERE o.id = {{p 2 "bigint"}} AND o.status IN {{in .From}} AND o.claim_token = {{p 1 "text"}}
-RETURNING o.status, o.attempts`
+RETURNING status, attempts`
 
 // Unreadable is the unreadable edge: the relay could not read the row of
 // the message id claimed under token (ClaimedMessage.Err); the message is dead
@@ -154,10 +152,10 @@ func (t *Table) Unreadable(ctx context.Context, db DB, token string, id int64, e
 // sinkSuspendSQL suspends the message $2 claimed under $1 at its sink's
 // request, with the reason $3; the attempt is not counted.
 const sinkSuspendSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Suspended}}, suspended_reason = {{p 3 "text"}}, claim_token = NULL, claim_until = NULL
 WHERE o.id = {{p 2 "bigint"}} AND o.status IN {{in .From}} AND o.claim_token = {{p 1 "text"}}
-RETURNING o.status, o.attempts`
+RETURNING status, attempts`
 
 // SinkSuspend is the sink-suspend edge: the sink asked that the message
 // id claimed under token wait (outbox.Suspend: a budget exhausted, a
@@ -173,10 +171,10 @@ func (t *Table) SinkSuspend(ctx context.Context, db DB, token string, id int64, 
 func (t *Table) markOne(ctx context.Context, db DB, edge, sql, token string, id int64, more ...any) (Mark, error) {
 	var m Mark
 	var attempts int32
-	err := db.QueryRow(ctx, sql, append([]any{token, id}, more...)...).Scan(&m.State, &attempts)
+	err := QueryRow(ctx, db, sql, append([]any{token, id}, more...), &m.State, &attempts)
 	m.Attempts = int(attempts)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, ErrNoRows):
 		return Mark{}, fmt.Errorf("lifecycle: %s row %d: %w", edge, id, ErrNotClaimed)
 	case err != nil:
 		return Mark{}, fmt.Errorf("lifecycle: %s row %d: %w", edge, id, err)
@@ -190,7 +188,7 @@ func (t *Table) markOne(ctx context.Context, db DB, edge, sql, token string, id 
 // kills every relay that presents it goes dead at the cap ($1) instead of
 // looping. The others wait for a retry, due at once.
 const reclaimSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	attempts = o.attempts + 1,
 	status = CASE WHEN o.attempts + 1 >= {{p 1 "integer"}} THEN {{lit .Dead}} ELSE {{lit .RetryWait}} END,
 	due_at = clock.t,
@@ -199,7 +197,7 @@ UPDATE {{.T}} o SET
 	claim_token = NULL, claim_until = NULL
 FROM {{template "clock"}}
 WHERE o.status IN {{in .From}} AND o.claim_until <= clock.t
-RETURNING o.id, o.storage_key, o.seq, o.status, o.topic, o.attempts`
+RETURNING id, storage_key, seq, status, topic, attempts`
 
 // Reclaimed is a message whose claim ran out, as Reclaim took it back.
 type Reclaimed struct {
@@ -217,7 +215,7 @@ func (t *Table) Reclaim(ctx context.Context, db DB, maxAttempts int) ([]Reclaime
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: reclaim: %w", err)
 	}
-	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Reclaimed, error) {
+	got, err := Collect(rows, func(row Rows) (Reclaimed, error) {
 		var r Reclaimed
 		var key string
 		var seq, attempts int32

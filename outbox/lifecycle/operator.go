@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The edges an operator (idemctl outbox) or an application takes. Those
@@ -19,10 +17,10 @@ import (
 // with the reason $6. A claimed one loses its token, so that its relay's
 // marks change nothing.
 const suspendSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Suspended}}, suspended_reason = {{p 6 "text"}}, claim_token = NULL, claim_until = NULL
 WHERE o.status IN {{in .From}} AND {{template "selector"}}
-RETURNING o.id, o.storage_key, o.seq, o.status`
+RETURNING id, storage_key, seq, status`
 
 // Suspend is the suspend edge: it holds the selected messages that are
 // scheduled, ready, waiting for a retry or claimed, suspended with reason
@@ -37,13 +35,13 @@ func (t *Table) Suspend(ctx context.Context, db DB, sel Selector, reason string)
 // resumeSQL resumes the selected suspended messages ($1 to $5): ready and
 // due now, or scheduled when their due_at is later.
 const resumeSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = CASE WHEN o.due_at > clock.t THEN {{lit .Scheduled}} ELSE {{lit .Ready}} END,
 	due_at = CASE WHEN o.due_at > clock.t THEN o.due_at ELSE clock.t END,
 	suspended_reason = NULL
 FROM {{template "clock"}}
 WHERE o.status IN {{in .From}} AND {{template "selector"}}
-RETURNING o.id, o.storage_key, o.seq, o.status`
+RETURNING id, storage_key, seq, status`
 
 // Resume is the resume edge: the selected suspended messages are ready
 // and due now, or scheduled when their due_at (a schedule, a retry's
@@ -56,13 +54,13 @@ func (t *Table) Resume(ctx context.Context, db DB, sel Selector) ([]Changed, err
 // or to the server's clock plus $7 when $6 is NULL: scheduled, or ready
 // when that time has come.
 const scheduleSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	due_at = coalesce({{p 6 "timestamptz"}}, {{shift "clock.t" 7 1}}),
 	status = CASE WHEN coalesce({{p 6 "timestamptz"}}, {{shift "clock.t" 7 1}}) > clock.t
 		THEN {{lit .Scheduled}} ELSE {{lit .Ready}} END
 FROM {{template "clock"}}
 WHERE o.status IN {{in .From}} AND {{template "selector"}}
-RETURNING o.id, o.storage_key, o.seq, o.status`
+RETURNING id, storage_key, seq, status`
 
 // When is the time Schedule makes messages due: At, or when At is zero,
 // In after the database's clock.
@@ -85,12 +83,12 @@ func (t *Table) Schedule(ctx context.Context, db DB, ids []string, when When) ([
 // cancelSQL cancels the selected messages ($1 to $5) that are not
 // finished, with last_error $6. A claimed one loses its token.
 const cancelSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Canceled}}, finished_at = clock.t, last_error = {{p 6 "text"}},
 	claim_token = NULL, claim_until = NULL
 FROM {{template "clock"}}
 WHERE o.status IN {{in .From}} AND {{template "selector"}}
-RETURNING o.id, o.storage_key, o.seq, o.status`
+RETURNING id, storage_key, seq, status`
 
 // Cancel is the cancel edge: the messages ids that are not finished are
 // canceled, with last_error "canceled: <reason>", and returned; those
@@ -109,13 +107,13 @@ func (t *Table) Cancel(ctx context.Context, db DB, ids []string, reason string) 
 // by $7. last_error and claimed_by stay, saying why and where the message
 // last failed, until the next attempt overwrites them.
 const requeueSQL = `
-UPDATE {{.T}} o SET
+UPDATE {{.T}} AS o SET
 	status = {{lit .Ready}}, attempts = 0, due_at = clock.t, finished_at = NULL,
 	claim_token = NULL, claim_until = NULL,
 	requeues = o.requeues + 1, requeued_at = clock.t, requeued_by = {{p 7 "text"}}
 FROM {{template "clock"}}
 WHERE o.status IN {{in .From}} AND {{inList "o.status" 6 "text"}} AND {{template "selector"}}
-RETURNING o.id, o.storage_key, o.seq, o.status`
+RETURNING id, storage_key, seq, status`
 
 // Requeue is the requeue edge: the selected messages in states (done,
 // dead or canceled; all three when states is empty) are ready again, due
@@ -212,6 +210,3 @@ func (t *Table) operate(ctx context.Context, db DB, edge, sql string, sel Select
 	}
 	return nil, fmt.Errorf("lifecycle: %s: %w", edge, err)
 }
-
-// compile-time check that the handles the package documents satisfy DB.
-var _ DB = pgx.Tx(nil)

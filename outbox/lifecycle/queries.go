@@ -3,9 +3,8 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The read-only queries: the relay's idle state, and what idemctl shows.
@@ -39,7 +38,7 @@ type RelayState struct {
 func (t *Table) RelayState(ctx context.Context, db DB) (RelayState, error) {
 	var lag float64
 	var nextDue, nextExpiry *float64
-	if err := db.QueryRow(ctx, t.sql.relayState).Scan(&lag, &nextDue, &nextExpiry); err != nil {
+	if err := QueryRow(ctx, db, t.sql.relayState, nil, &lag, &nextDue, &nextExpiry); err != nil {
 		return RelayState{}, fmt.Errorf("lifecycle: relay state: %w", err)
 	}
 	s := RelayState{Lag: seconds(lag)}
@@ -184,7 +183,7 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 	for _, st := range States() {
 		s.Counts[st] = 0
 	}
-	if err := db.QueryRow(ctx, t.sql.clock).Scan(&s.Now); err != nil {
+	if err := QueryRow(ctx, db, t.sql.clock, nil, &s.Now); err != nil {
 		return nil, fmt.Errorf("lifecycle: status: %w", err)
 	}
 	rows, err := db.Query(ctx, t.sql.counts, s.Now)
@@ -193,7 +192,7 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 	}
 	var st State
 	var n, due, ranOut, requeued int64
-	_, err = pgx.ForEachRow(rows, []any{&st, &n, &due, &ranOut, &requeued}, func() error {
+	err = forEach(rows, []any{&st, &n, &due, &ranOut, &requeued}, func() error {
 		s.Counts[st] += n
 		s.Total += n
 		s.Requeued += requeued
@@ -212,12 +211,12 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 	var o Oldest
 	var key string
 	var seq, attempts int32
-	err = db.QueryRow(ctx, t.sql.oldest, s.Now).Scan(&key, &seq, &o.State, &o.Topic, &attempts, &o.EnqueuedAt, &o.DueAt)
+	err = QueryRow(ctx, db, t.sql.oldest, []any{s.Now}, &key, &seq, &o.State, &o.Topic, &attempts, &o.EnqueuedAt, &o.DueAt)
 	switch {
 	case err == nil:
 		o.ID, o.Attempts = MessageID(key, int(seq)), int(attempts)
 		s.Oldest = &o
-	case err != pgx.ErrNoRows:
+	case err != ErrNoRows:
 		return nil, fmt.Errorf("lifecycle: status: %w", err)
 	}
 
@@ -228,7 +227,7 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 		}
 		var g ErrorGroups
 		var e ErrorGroup
-		_, err = pgx.ForEachRow(rows, []any{&e.Error, &e.Messages, &key, &seq, &g.Groups, &g.Messages}, func() error {
+		err = forEach(rows, []any{&e.Error, &e.Messages, &key, &seq, &g.Groups, &g.Messages}, func() error {
 			e.LatestID = MessageID(key, int(seq))
 			g.Shown = append(g.Shown, e)
 			return nil
@@ -244,7 +243,7 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 		return nil, fmt.Errorf("lifecycle: status: %w", err)
 	}
 	var r RelayClaims
-	if _, err = pgx.ForEachRow(rows, []any{&r.Relay, &r.Claimed, &r.RanOut}, func() error {
+	if err = forEach(rows, []any{&r.Relay, &r.Claimed, &r.RanOut}, func() error {
 		s.Relays = append(s.Relays, r)
 		return nil
 	}); err != nil {
@@ -256,7 +255,7 @@ func (t *Table) Status(ctx context.Context, db DB, groups int) (*Status, error) 
 		return nil, fmt.Errorf("lifecycle: status: %w", err)
 	}
 	var why Reason
-	if _, err = pgx.ForEachRow(rows, []any{&why.Reason, &why.Messages}, func() error {
+	if err = forEach(rows, []any{&why.Reason, &why.Messages}, func() error {
 		s.Suspended = append(s.Suspended, why)
 		return nil
 	}); err != nil {
@@ -304,7 +303,7 @@ func (t *Table) Lookup(ctx context.Context, db DB, ids []string) (map[string]Fou
 	var key string
 	var seq int32
 	var claimedBy *string
-	if _, err := pgx.ForEachRow(rows, []any{&f.RowID, &key, &seq, &f.State, &claimedBy}, func() error {
+	if err := forEach(rows, []any{&f.RowID, &key, &seq, &f.State, &claimedBy}, func() error {
 		f.ID, f.ClaimedBy = MessageID(key, int(seq)), ""
 		if claimedBy != nil {
 			f.ClaimedBy = *claimedBy
@@ -333,7 +332,7 @@ func (t *Table) States(ctx context.Context, db DB, ids []int64) (map[int64]State
 	}
 	var id int64
 	var st State
-	if _, err := pgx.ForEachRow(rows, []any{&id, &st}, func() error {
+	if err := forEach(rows, []any{&id, &st}, func() error {
 		out[id] = st
 		return nil
 	}); err != nil {
@@ -343,7 +342,7 @@ func (t *Table) States(ctx context.Context, db DB, ids []int64) (map[int64]State
 }
 
 // listSQL reads the messages in the state $1 (of the topic $2 unless it is
-// ""), the earliest to finish first, then by id, at most $3 (NULL: all).
+// ""), the earliest to finish first, then by id, at most $3.
 const listSQL = `
 SELECT storage_key, seq, topic, attempts, enqueued_at, finished_at, last_error, requeues, {{now}}
 FROM {{.T}}
@@ -367,16 +366,15 @@ type Listed struct {
 // List reads the messages in state (of topic, unless it is ""), those
 // that finished earliest first, at most limit of them (0: all).
 func (t *Table) List(ctx context.Context, db DB, state State, topic string, limit int) ([]Listed, error) {
-	var lim *int64
+	lim := int64(math.MaxInt64) // all: a bound, since SQLite refuses LIMIT NULL
 	if limit > 0 {
-		n := int64(limit)
-		lim = &n
+		lim = int64(limit)
 	}
 	rows, err := db.Query(ctx, t.sql.list, string(state), topic, lim)
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: list: %w", err)
 	}
-	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Listed, error) {
+	got, err := Collect(rows, func(row Rows) (Listed, error) {
 		var m Listed
 		var key string
 		var seq, attempts, requeues int32

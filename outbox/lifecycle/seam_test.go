@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,47 +11,12 @@ import (
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
-// otherEngine is the dialect of an engine unlike PostgreSQL in each
-// fragment a Dialect supplies (SQLite's spellings): numbered ? placeholders
-// without casts, another clock, lists bound as JSON text, no row locks, no
-// advisory locks, no notifications.
-var otherEngine = Dialect{
-	Name:  "other",
-	Param: func(n int, _ string) string { return fmt.Sprintf("?%d", n) },
-	Now:   "strftime('%Y-%m-%d %H:%M:%f', 'now')",
-	Shift: func(t string, n, sign int) string {
-		return fmt.Sprintf("datetime(%s, (%d * ?%d) || ' seconds')", t, sign, n)
-	},
-	Seconds: func(from, to string) string {
-		return fmt.Sprintf("((julianday(%s) - julianday(%s)) * 86400.0)", to, from)
-	},
-	SkipLocked: func(string) string { return "" },
-	Lock:       func(string) string { return "" },
-	InList: func(expr string, n int, _ string) string {
-		return fmt.Sprintf("%s IN (SELECT value FROM json_each(?%d))", expr, n)
-	},
-	InSelect:    func(expr string) string { return expr + " IN (" },
-	EndInSelect: ")",
-	InPairs: func(a, b string, n int, _, _ string) string {
-		return fmt.Sprintf("(%s, %s) IN (SELECT x.value, y.value FROM json_each(?%d) x JOIN json_each(?%d) y ON x.key = y.key)", a, b, n, n+1)
-	},
-	Rows: func(alias string, cols []Column) string {
-		var sel []string
-		for _, c := range cols {
-			sel = append(sel, fmt.Sprintf("json_extract(?%d, '$[' || l0.key || ']') AS %s", c.Param, c.Name))
-		}
-		return fmt.Sprintf("(SELECT %s, l0.key + 1 AS i FROM json_each(?%d) l0) AS %s", strings.Join(sel, ", "), cols[0].Param, alias)
-	},
-	JSON:            func(expr string) string { return "json(" + expr + ")" },
-	List:            func(v any) any { return v },
-	UniqueViolation: func(error) bool { return false },
-}
-
-// TestDialectSeam renders every statement in a dialect unlike PostgreSQL:
-// each is a value of the same edges, with nothing of PostgreSQL's left in
-// it, so another engine is a Dialect, not a copy of the edges.
+// TestDialectSeam renders every statement in SQLite's dialect, unlike
+// PostgreSQL's in each fragment: each is a value of the same edges, with
+// nothing of PostgreSQL's left in it, so another engine is a Dialect, not
+// a copy of the edges.
 func TestDialectSeam(t *testing.T) {
-	tb, err := New("idempotency_outbox", otherEngine)
+	tb, err := New("idempotency_outbox", SQLite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,13 +101,13 @@ func TestSchemaNamesTheStates(t *testing.T) {
 	}
 }
 
-// TestNoOutboxSQLElsewhere: the outbox package, the relay and idemctl's
-// outbox command hold no statement on the outbox table: every one is in
-// this package.
+// TestNoOutboxSQLElsewhere: the outbox package, the relay, idemctl's
+// outbox command and sqlitestore's outbox hold no statement on the outbox
+// table: every one is in this package.
 func TestNoOutboxSQLElsewhere(t *testing.T) {
 	statement := regexp.MustCompile(`(?i)\b(INSERT\s+INTO|UPDATE\s+\{?\w*table|DELETE\s+FROM|SELECT\b[^"]*\bFROM\s+\{table\}|FROM\s+\{table\}|idempotency_outbox\b[^"]*\bWHERE|status\s*=\s*'|next_attempt_at|due_at\s*<=)`)
 	var files []string
-	for _, pattern := range []string{"../*.go", "../relay/*.go", "../../cmd/idemctl/outbox.go"} {
+	for _, pattern := range []string{"../*.go", "../relay/*.go", "../../cmd/idemctl/outbox.go", "../../sqlitestore/outbox.go"} {
 		got, err := filepath.Glob(pattern)
 		if err != nil {
 			t.Fatal(err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The enqueue of messages whose sequence their writer chose, for writers
@@ -70,11 +68,18 @@ func (t *Table) Messages(ctx context.Context, db DB, storageKey string) ([]Seque
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: messages: %w", err)
 	}
-	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Sequenced, error) {
+	got, err := Collect(rows, func(row Rows) (Sequenced, error) {
 		var m Sequenced
 		var seq, attempts int32
-		err := row.Scan(&m.RowID, &seq, &m.Topic, &m.Payload, &m.Headers, &m.OrderingKey, &m.State, &attempts,
+		var headers string
+		err := row.Scan(&m.RowID, &seq, &m.Topic, &m.Payload, &headers, &m.OrderingKey, &m.State, &attempts,
 			&m.EnqueuedAt, &m.FinishedAt, &m.LastError)
+		if err == nil {
+			err = decodeHeaders(headers, &m.Headers)
+		}
+		if m.Payload == nil { // SQLite's driver reads an empty BLOB as nil
+			m.Payload = []byte{}
+		}
 		m.ID, m.Seq, m.Attempts = MessageID(storageKey, int(seq)), int(seq), int(attempts)
 		return m, err
 	})

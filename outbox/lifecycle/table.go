@@ -8,23 +8,8 @@ import (
 	"text/template"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/go-idempotency/idempotency/internal/pgname"
 )
-
-// DB is the database handle an edge runs on: a pool (each statement its
-// own transaction), a connection, or a transaction (pgx.Tx), so that an
-// edge can run in a caller's transaction (outbox.Enqueue in the route's, a
-// local run's done mark in the function's). *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
 
 // Errors of the edges.
 var (
@@ -88,6 +73,9 @@ func New(name string, d Dialect) (*Table, error) {
 // Name returns the table's name as given to New.
 func (t *Table) Name() string { return t.name.String() }
 
+// Dialect returns the table's dialect.
+func (t *Table) Dialect() Dialect { return t.dialect }
+
 // Channel returns the channel on which the transactions that enqueue into
 // the table wake the relays: the table's own name, without its schema.
 func (t *Table) Channel() string { return t.name.Name() }
@@ -99,7 +87,7 @@ func (t *Table) Notify(ctx context.Context, db DB) error {
 	if t.dialect.Notify == "" {
 		return nil
 	}
-	if _, err := db.Exec(ctx, t.dialect.Notify, t.Channel()); err != nil {
+	if err := db.Exec(ctx, t.dialect.Notify, t.Channel()); err != nil {
 		return fmt.Errorf("lifecycle: notify: %w", err)
 	}
 	return nil
@@ -310,8 +298,8 @@ type Changed struct {
 
 // collectChanged reads the rows of an edge that returns id, storage_key,
 // seq and status.
-func collectChanged(rows pgx.Rows, withState bool) ([]Changed, error) {
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Changed, error) {
+func collectChanged(rows Rows, withState bool) ([]Changed, error) {
+	return Collect(rows, func(row Rows) (Changed, error) {
 		var c Changed
 		var key string
 		var seq int32

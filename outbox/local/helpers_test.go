@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -36,24 +35,7 @@ func noNoise(t testing.TB, e *events) {
 // backoff, and returns its events.
 func start(t testing.TB, pool *pgxpool.Pool, sink outbox.Sink, opts ...relay.Option) *events {
 	t.Helper()
-	ev := newEvents()
-	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.Observe)}, opts...)
-	r := relay.New(pool, sink, opts...)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run returned %v, want context.Canceled", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return within 30s of its context's end")
-		}
-	})
-	return ev
+	return outboxtest.Start(t, func(opts ...relay.Option) *relay.Relay { return relay.New(pool, sink, opts...) }, opts...)
 }
 
 // effect writes the local run's effect for e, tagged run, in the run's

@@ -2,9 +2,11 @@
 // exactly once: Sink is an outbox.Sink for the relay (package
 // outbox/relay) that, instead of publishing a message to a broker, runs a
 // function with it under idempotency.Do, keyed by the message's ID, on a
-// transactional Runner over the outbox's own PostgreSQL database
-// (idempotency.WithTransaction(true) on a pgstore.Store). The function
-// writes through the call's transaction (pgstore.TxFromContext), and the
+// transactional Runner over the outbox's own database
+// (idempotency.WithTransaction(true) on a pgstore.Store, or on the
+// sqlitestore.Store whose Relay presents the messages). The function
+// writes through the call's transaction (pgstore.TxFromContext,
+// sqlitestore.TxFromContext), and the
 // message's done mark is taken in that same transaction, fenced by the
 // relay's claim: the function's writes, the call's idempotency record and
 // the done mark commit together, or none of them does.
@@ -63,7 +65,7 @@
 //	Released                 the function's error, as it is;     retry, refuse or sink-suspend
 //	                         a lost claim (outbox.ErrClaimLost); (a lost claim's mark is refused:
 //	                         outbox.Suspend without a            EventFenced or EventCanceled)
-//	                         transaction over pgstore
+//	                         transaction over the store
 //	InFlight, LeaseLost,     Do's error                          retry
 //	CommitUnknown,
 //	StoreUnavailable,
@@ -88,8 +90,8 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/internal/calltx"
 	"github.com/go-idempotency/idempotency/outbox/internal/runclaim"
-	"github.com/go-idempotency/idempotency/pgstore"
 )
 
 // Scope is the idempotency scope (idempotency.Call.Scope) of every local
@@ -99,8 +101,9 @@ const Scope = "outbox"
 
 // Func is the work of a message, run with the call's context: it holds
 // the call's Info (idempotency.FromContext; its Key is the message's ID)
-// and its transaction (pgstore.TxFromContext), and is cancelled when the
-// relay's claim on the message, or the call's lease, is lost.
+// and its transaction (pgstore.TxFromContext, sqlitestore.TxFromContext),
+// and is cancelled when the relay's claim on the message, or the call's
+// lease, is lost.
 type Func func(ctx context.Context, e outbox.Envelope) error
 
 // Option configures the Sink.
@@ -121,10 +124,11 @@ func WithName(name string) Option {
 
 // Sink returns the sink that runs fn as the work of each message the relay
 // presents to it, exactly once (see the package documentation), under
-// runner, which must be a transactional Runner over a pgstore.Store of the
-// relay's database (idempotency.WithTransaction(true)). A Runner without
-// one never runs fn: the message is suspended with the reason, until an
-// operator resumes it. Sink panics when runner or fn is nil.
+// runner, which must be a transactional Runner
+// (idempotency.WithTransaction(true)) over a store of the relay's database
+// (a pgstore.Store, a sqlitestore.Store). A Runner without one never runs
+// fn: the message is suspended with the reason, until an operator resumes
+// it. Sink panics when runner or fn is nil.
 //
 // Each run holds one of the store's pool connections, for its
 // transaction, while fn works: size that pool for the relay's concurrency
@@ -159,7 +163,7 @@ type sink struct {
 // before resuming it (idemctl outbox resume).
 const (
 	noClaim       = "local run: the message was presented without a relay's claim, which its done mark needs"
-	noTransaction = "local run: the Runner has no transaction over pgstore (idempotency.WithTransaction(true) on a pgstore.Store)"
+	noTransaction = "local run: the Runner has no transaction over a store that keeps an outbox (idempotency.WithTransaction(true) on a pgstore.Store or a sqlitestore.Store)"
 )
 
 // errUnprotected is the error of a run that Do would have run without a
@@ -197,8 +201,8 @@ func (s *sink) Publish(ctx context.Context, e outbox.Envelope) error {
 // run runs the function in the call's transaction, and then takes the
 // done edge in it, fenced by the claim.
 func (s *sink) run(ctx context.Context, claim runclaim.Claim, e outbox.Envelope) error {
-	tx, ok := pgstore.TxFromContext(ctx)
-	if !ok {
+	_, tx, _, err := calltx.Of(ctx)
+	if err != nil {
 		if _, leased := idempotency.FromContext(ctx); !leased {
 			// Do ran the function unprotected (WithFailOpen): the store
 			// is unreachable, and so, probably, is the database.

@@ -146,7 +146,7 @@ func TestExactlyOnceWithRetriesAndDuplicates(t *testing.T) {
 		t.Errorf("%d retries (%d panics), want 14 (4): %+v", len(retried), panicked, retried)
 	}
 
-	requeued, err := table(t).Requeue(ctx, db.Pool, lifecycle.Selector{All: true}, nil, "test")
+	requeued, err := table(t).Requeue(ctx, lifecycle.Pgx(db.Pool), lifecycle.Selector{All: true}, nil, "test")
 	if err != nil || len(requeued) != len(ids) {
 		t.Fatalf("requeue: %d, %v", len(requeued), err)
 	}
@@ -294,7 +294,7 @@ func TestClaimTakenBackWhileRunning(t *testing.T) {
 	// context no relay cancels.
 	const lease = 300 * time.Millisecond
 	tb := table(t)
-	claimed, err := tb.Claim(ctx, db.Pool, "stalled-token", "stalled", lease, 1)
+	claimed, err := tb.Claim(ctx, lifecycle.Pgx(db.Pool), "stalled-token", "stalled", lease, 1)
 	if err != nil || len(claimed) != 1 || claimed[0].ID != id {
 		t.Fatalf("claim: %+v, %v", claimed, err)
 	}

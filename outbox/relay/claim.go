@@ -216,7 +216,7 @@ func (c *claim) beat() {
 
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(c.ctx, end)
-	got, err := c.r.table.Extend(ctx, c.r.pool, c.token, ids, c.r.cfg.lease)
+	got, err := c.r.table.Extend(ctx, c.r.db, c.token, ids, c.r.cfg.lease)
 	cancel()
 
 	c.mu.Lock()
@@ -308,7 +308,7 @@ func (c *claim) states(lost []lostMessage) map[int64]lifecycle.State {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, markTimeout)
 	defer cancel()
-	st, err := c.r.table.States(ctx, c.r.pool, ids)
+	st, err := c.r.table.States(ctx, c.r.db, ids)
 	if err != nil {
 		return nil
 	}

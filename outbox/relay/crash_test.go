@@ -86,6 +86,13 @@ func (p printBatches) PublishBatch(ctx context.Context, es []outbox.Envelope) []
 	return errs
 }
 
+// batchSink is a Recorder whose PublishBatch publishes each envelope in
+// turn.
+type batchSink struct {
+	*outboxtest.Recorder
+	outbox.BatchSink
+}
+
 // blockMarks stops the child at its first mark-done statement.
 type blockMarks struct{}
 
@@ -107,7 +114,7 @@ func (blockMarks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 // the same ID (at least once), and every message ends done.
 func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	db := outboxtest.NewDB(t)
-	ids := enqueueN(t, db, "k", 3, 1)
+	ids := enqueueRecords(t, db, "k", 3)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+db.URL)
@@ -206,7 +213,7 @@ wait:
 // had only claimed once; none is lost, and every message ends done.
 func TestPipelinedRelayKilledBetweenPublishAndMark(t *testing.T) {
 	db := outboxtest.NewDB(t)
-	ids := enqueueN(t, db, "k", 20, 1)
+	ids := enqueueRecords(t, db, "k", 20)
 
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+db.URL, childBatchEnv+"=5")
@@ -280,17 +287,18 @@ func TestPipelinedRelayKilledBetweenPublishAndMark(t *testing.T) {
 		t.Fatalf("%d messages claimed and not published by the child, want its third batch (5)", len(claimedOnly))
 	}
 
-	sink := newBatchRecorder(t)
-	ev := start(t, db.Pool, sink, relay.WithName("survivor"))
-	if err := sink.rec.AwaitIDs(15*time.Second, ids...); err != nil {
+	rec := outboxtest.NewRecorder()
+	// A BatchSink, as the child's: the survivor presents whole batches.
+	ev := start(t, db.Pool, batchSink{rec, outbox.AsBatchSink(rec, 1)}, relay.WithName("survivor"))
+	if err := rec.AwaitIDs(15*time.Second, ids...); err != nil {
 		t.Fatal(err)
 	}
 	republished := time.Since(killed)
 	if republished < childLease/2 {
 		t.Errorf("published again %v after the kill, before the claim lease (%v) could run out", republished, childLease)
 	}
-	sink.rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered ten of them once more
-	for _, d := range sink.rec.Deliveries() {
+	rec.ExpectOnceEach(t, ids) // by the survivor; the child had delivered ten of them once more
+	for _, d := range rec.Deliveries() {
 		want := 1
 		if published[d.ID] || slices.Contains(claimedOnly, d.ID) {
 			want = 2 // the dead relay's claim counted
@@ -313,7 +321,7 @@ func TestPipelinedRelayKilledBetweenPublishAndMark(t *testing.T) {
 // message once; nothing is left claimed.
 func TestConnectionKilledDuringClaim(t *testing.T) {
 	db := outboxtest.NewDB(t)
-	ids := enqueueN(t, db, "k", 20, 1)
+	ids := enqueueRecords(t, db, "k", 20)
 	lock, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +381,7 @@ func waitingStatement(t *testing.T, db *outboxtest.DB) (uint32, bool) {
 // (attempt 2) and delivered once each; nothing is lost or left claimed.
 func TestClaimReplyLost(t *testing.T) {
 	db := outboxtest.NewDB(t)
-	ids := enqueueN(t, db, "k", 10, 1)
+	ids := enqueueRecords(t, db, "k", 10)
 	var proxy *faultproxy.Proxy
 	pool := newPool(t, db.URL, func(c *pgxpool.Config) {
 		proxy, c.ConnConfig = pgtest.Proxy(t, c.ConnConfig)

@@ -49,7 +49,7 @@ func (r *Relay) claimBatch(ctx context.Context) (*batch, error) {
 	rand.Read(b[:])
 	token := hex.EncodeToString(b[:])
 	sent := time.Now()
-	msgs, err := r.table.Claim(ctx, r.pool, token, r.cfg.name, r.cfg.lease, r.cfg.batch)
+	msgs, err := r.table.Claim(ctx, r.db, token, r.cfg.name, r.cfg.lease, r.cfg.batch)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
@@ -81,7 +81,7 @@ func (r *Relay) claimBatch(ctx context.Context) (*batch, error) {
 func (r *Relay) setApart(ctx, mctx context.Context, token string, msgs []lifecycle.ClaimedMessage) {
 	for _, m := range msgs {
 		e := Event{Kind: EventUnreadable, ID: m.ID, Topic: m.Topic, Attempt: m.Attempts + 1, Err: m.Err}
-		mark, err := r.table.Unreadable(mctx, r.pool, token, m.RowID, m.Err)
+		mark, err := r.table.Unreadable(mctx, r.db, token, m.RowID, m.Err)
 		switch {
 		case errors.Is(err, lifecycle.ErrNotClaimed):
 			e.Kind = EventFenced
@@ -214,7 +214,7 @@ func (r *Relay) release(ctx, mctx context.Context, c *claim, back []int64) {
 		return
 	}
 	c.settle(back...)
-	released, err := r.table.Release(mctx, r.pool, c.token, back)
+	released, err := r.table.Release(mctx, r.db, c.token, back)
 	if err != nil {
 		r.emit(ctx, Event{Kind: EventError, Err: fmt.Errorf("relay: release %d messages: %w", len(back), err)})
 		return
@@ -236,7 +236,7 @@ func (r *Relay) markDone(ctx, mctx context.Context, c *claim, done []confirmedMe
 		ids[i] = d.id
 	}
 	c.settle(ids...)
-	marked, err := r.table.Done(mctx, r.pool, c.token, ids)
+	marked, err := r.table.Done(mctx, r.db, c.token, ids)
 	if err != nil {
 		r.emit(ctx, Event{Kind: EventError, Err: fmt.Errorf("relay: mark %d messages done (published; they are published again once their claim runs out): %w", len(done), err)})
 		return
@@ -278,7 +278,7 @@ func (r *Relay) states(ctx context.Context, ids []int64) map[int64]lifecycle.Sta
 	if len(ids) == 0 {
 		return nil
 	}
-	st, err := r.table.States(ctx, r.pool, ids)
+	st, err := r.table.States(ctx, r.db, ids)
 	if err != nil {
 		return nil
 	}
@@ -320,14 +320,14 @@ func (r *Relay) settle(ctx context.Context, c *claim, m message, err error, took
 	switch {
 	case errors.Is(err, outbox.ErrPermanent):
 		e.Kind = EventRefused
-		mark, merr = r.table.Refuse(mctx, r.pool, c.token, m.id, lifecycle.ErrorText(CodeRefused, err))
+		mark, merr = r.table.Refuse(mctx, r.db, c.token, m.id, lifecycle.ErrorText(CodeRefused, err))
 	case errors.Is(err, outbox.ErrSuspend):
 		e.Kind, e.Reason = EventSuspended, outbox.SuspendReason(err)
-		mark, merr = r.table.SinkSuspend(mctx, r.pool, c.token, m.id, e.Reason)
+		mark, merr = r.table.SinkSuspend(mctx, r.db, c.token, m.id, e.Reason)
 	default:
 		wait := backoff(m.env.Attempt, r.cfg.backoffMin, r.cfg.backoffMax, r.random)
 		e.Kind, e.Backoff = EventRetried, wait
-		mark, merr = r.table.Retry(mctx, r.pool, c.token, m.id, r.cfg.maxAttempts, wait, lastError(err))
+		mark, merr = r.table.Retry(mctx, r.db, c.token, m.id, r.cfg.maxAttempts, wait, lastError(err))
 		if merr == nil && mark.State == lifecycle.Dead {
 			e.Kind, e.Backoff = EventDead, 0
 		}

@@ -1,6 +1,6 @@
 // Package relay publishes the messages of an outbox table (package outbox)
-// through an outbox.Sink: a Relay claims due messages in batches with FOR
-// UPDATE SKIP LOCKED under a claim lease, presents them to the sink (a
+// through an outbox.Sink: a Relay claims due messages in batches (with FOR
+// UPDATE SKIP LOCKED on PostgreSQL; New) under a claim lease, presents them to the sink (a
 // batch in one call to an outbox.BatchSink, which keeps a window of
 // publications waiting for their confirms), and marks each outcome, taking
 // the edges of the messages' lifecycle (package
@@ -33,4 +33,11 @@
 // messages claimed. Several relays, in one process or many, share a table
 // and partition its messages; one message of an ordering key is presented
 // at a time, in enqueue order.
+//
+// New runs a relay on PostgreSQL (a pgxpool.Pool), woken by the
+// notification of every transaction that commits messages (LISTEN/NOTIFY);
+// NewDB runs one on any database a lifecycle.DB reaches in its dialect,
+// woken by a channel of the process and its poll: sqlitestore's
+// Store.Relay is NewDB on a SQLite file, woken when the Store's
+// transactions commit messages.
 package relay

@@ -1,12 +1,9 @@
 package relay_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,43 +22,20 @@ func TestMain(m *testing.M) {
 // events collects a relay's events.
 type events = outboxtest.Events
 
-func newEvents() *events { return outboxtest.NewEvents() }
-
 // start runs a relay on pool through sink until t ends, with a fast
 // backoff unless opts set one, and returns its events.
 func start(t testing.TB, pool *pgxpool.Pool, sink outbox.Sink, opts ...relay.Option) *events {
 	t.Helper()
-	ev := newEvents()
-	opts = append([]relay.Option{relay.WithBackoff(5*time.Millisecond, 50*time.Millisecond), relay.WithObserver(ev.Observe)}, opts...)
-	r := relay.New(pool, sink, opts...)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run returned %v, want context.Canceled", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return within 30s of its context's end")
-		}
-	})
-	return ev
+	return outboxtest.Start(t, func(o ...relay.Option) *relay.Relay { return relay.New(pool, sink, o...) }, opts...)
 }
 
-// enqueueN enqueues n records of perRecord messages each (topic "t",
-// payload "<record>/<message>"), and returns the IDs.
-func enqueueN(t testing.TB, db *outboxtest.DB, prefix string, n, perRecord int) []string {
+// enqueueRecords enqueues n records of one message each (topic "t"),
+// and returns the messages' IDs.
+func enqueueRecords(t testing.TB, db *outboxtest.DB, prefix string, n int) []string {
 	t.Helper()
-	var ids []string
+	ids := make([]string, 0, n)
 	for i := range n {
-		msgs := make([]outbox.Message, perRecord)
-		for j := range msgs {
-			msgs[j] = outbox.Message{Topic: "t", Payload: fmt.Appendf(nil, "%d/%d", i, j)}
-		}
-		ids = append(ids, db.Enqueue(t, fmt.Sprintf("%s-%d", prefix, i), msgs...)...)
+		ids = append(ids, db.Enqueue(t, fmt.Sprintf("%s-%d", prefix, i), outbox.Message{Topic: "t"})...)
 	}
 	return ids
 }

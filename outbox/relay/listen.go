@@ -13,13 +13,13 @@ import (
 // the connection counts as dead and is replaced.
 const listenerHealth = 5 * time.Second
 
-// listen keeps a connection LISTENing on the table's channel until ctx
+// listenPostgres keeps a connection LISTENing on the table's channel until ctx
 // ends, and puts a wake-up on wake for every notification, and whenever a
 // new connection starts listening (a notification may have been lost while
 // none did). A connection that breaks or stops answering is replaced, with
 // a pause of up to the poll interval between failed attempts; meanwhile
 // the poll interval bounds the latency.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+func (r *Relay) listenPostgres(ctx context.Context, wake chan<- struct{}) {
 	pglisten.Run(ctx, r.cfg.listener, outbox.Channel(r.cfg.table.Name()), listenerHealth, r.cfg.poll, pglisten.Events{
 		Listening: func(uint32) { signal(wake) },
 		Notified:  func(string) { signal(wake) },

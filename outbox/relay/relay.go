@@ -17,50 +17,94 @@ import (
 // table and partition its messages. Create it with New and run it with
 // Run.
 type Relay struct {
-	pool  *pgxpool.Pool
+	db    lifecycle.DB
 	sink  outbox.Sink
 	cfg   config
 	table *lifecycle.Table
 	// batchSink is sink, when it publishes a batch at once.
 	batchSink outbox.BatchSink
+	// listen puts a wake-up on wake for every transaction that commits
+	// messages, until ctx ends; nil when nothing wakes the relay but its
+	// poll.
+	listen func(ctx context.Context, wake chan<- struct{})
 
 	// random is the jitter of the backoff (tests replace it).
 	random func() float64
 }
 
 // New returns a relay that publishes the messages of the outbox table (see
-// WithTable) of the database pool connects to through sink. The table is
-// created by pgstore.Migrate (or the SQL of pgstore.Schema). New makes no
-// connection; Run does. The relay does not close pool. It panics when pool
-// or sink is nil, or an option is invalid.
+// WithTable) of the PostgreSQL database pool connects to through sink. The
+// table is created by pgstore.Migrate (or the SQL of pgstore.Schema). New
+// makes no connection; Run does. The relay does not close pool. It panics
+// when pool or sink is nil, or an option is invalid.
 func New(pool *pgxpool.Pool, sink outbox.Sink, opts ...Option) *Relay {
 	if pool == nil {
 		panic("relay: New: nil pool")
 	}
+	cfg := newConfig("New", sink, opts)
+	if cfg.listener == nil {
+		cfg.listener = pool.Config().ConnConfig.Copy()
+	}
+	table, err := outbox.Table(cfg.table.String())
+	if err != nil { // WithTable checked the name
+		panic("relay: New: " + err.Error())
+	}
+	r := newRelay(lifecycle.Pgx(pool), table, sink, cfg)
+	r.listen = r.listenPostgres
+	return r
+}
+
+// NewDB returns a relay that publishes the messages of the outbox table
+// through sink, on db: a database that has no notifications of its own
+// (sqlitestore's, whose Store.Relay calls NewDB). The relay finds new
+// messages when it polls (WithPollInterval), and when wake, if not nil,
+// receives: a channel on which the process signals the commits of
+// messages. WithTable and WithListenerConfig do not apply. NewDB makes no
+// connection. It panics when db, table or sink is nil, or an option is
+// invalid.
+func NewDB(db lifecycle.DB, table *lifecycle.Table, wake <-chan struct{}, sink outbox.Sink, opts ...Option) *Relay {
+	if db == nil || table == nil {
+		panic("relay: NewDB: nil DB or Table")
+	}
+	r := newRelay(db, table, sink, newConfig("NewDB", sink, opts))
+	if wake != nil {
+		r.listen = func(ctx context.Context, w chan<- struct{}) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-wake:
+					signal(w)
+				}
+			}
+		}
+	}
+	return r
+}
+
+// newConfig applies opts for the constructor named by.
+func newConfig(by string, sink outbox.Sink, opts []Option) config {
 	if sink == nil {
-		panic("relay: New: nil Sink")
+		panic("relay: " + by + ": nil Sink")
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
 		if o == nil {
-			panic("relay: New: nil Option")
+			panic("relay: " + by + ": nil Option")
 		}
 		o(&cfg)
 	}
 	if cfg.name == "" {
 		cfg.name = defaultName()
 	}
-	if cfg.listener == nil {
-		cfg.listener = pool.Config().ConnConfig.Copy()
-	}
 	if cfg.logger != nil {
 		cfg.observer = logged(cfg.logger, cfg.observer)
 	}
-	table, err := outbox.Table(cfg.table.String())
-	if err != nil { // WithTable checked the name
-		panic("relay: New: " + err.Error())
-	}
-	r := &Relay{pool: pool, sink: sink, cfg: cfg, table: table, random: rand.Float64}
+	return cfg
+}
+
+func newRelay(db lifecycle.DB, table *lifecycle.Table, sink outbox.Sink, cfg config) *Relay {
+	r := &Relay{db: db, sink: sink, cfg: cfg, table: table, random: rand.Float64}
 	r.batchSink, _ = sink.(outbox.BatchSink)
 	return r
 }
@@ -141,7 +185,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	listening := make(chan struct{})
 	go func() {
 		defer close(listening)
-		r.listen(lctx, wake)
+		if r.listen != nil {
+			r.listen(lctx, wake)
+		}
 	}()
 	defer func() {
 		stopListening()
@@ -250,7 +296,7 @@ func (r *Relay) tend(ctx context.Context) (time.Duration, error) {
 	if err := r.reclaim(ctx); err != nil {
 		return r.cfg.poll, err
 	}
-	st, err := r.table.RelayState(ctx, r.pool)
+	st, err := r.table.RelayState(ctx, r.db)
 	if err != nil {
 		return r.cfg.poll, fmt.Errorf("relay: %w", err)
 	}
@@ -268,7 +314,7 @@ func (r *Relay) tend(ctx context.Context) (time.Duration, error) {
 
 // reclaim takes back the claims that ran out, reporting each message.
 func (r *Relay) reclaim(ctx context.Context) error {
-	got, err := r.table.Reclaim(ctx, r.pool, r.cfg.maxAttempts)
+	got, err := r.table.Reclaim(ctx, r.db, r.cfg.maxAttempts)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -295,7 +341,7 @@ func (r *Relay) purge(ctx context.Context) error {
 		}
 	}()
 	for {
-		got, err := r.table.Purge(ctx, r.pool, lifecycle.PurgeFilter{
+		got, err := r.table.Purge(ctx, r.db, lifecycle.PurgeFilter{
 			Selector: lifecycle.Selector{All: true}, Older: r.cfg.retention, Limit: purgeBatch,
 		})
 		if err != nil {

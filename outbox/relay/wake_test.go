@@ -36,28 +36,6 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(len(sorted)-1, int(float64(len(sorted))*p))]
 }
 
-// TestNotifyWakesRelay: with a poll interval of a minute, a relay is woken
-// by the notification of each commit: the time from commit to publish is
-// milliseconds.
-func TestNotifyWakesRelay(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	rec := outboxtest.NewRecorder()
-	start(t, db.Pool, rec, relay.WithPollInterval(time.Minute))
-	// The first message waits for the listener to connect; measure after.
-	if err := rec.AwaitIDs(10*time.Second, db.Enqueue(t, "warm-up", outbox.Message{Topic: "t"})...); err != nil {
-		t.Fatal(err)
-	}
-	lat := latencies(t, db, rec, 200)
-	p50, p99 := percentile(lat, 0.50), percentile(lat, 0.99)
-	t.Logf("commit to publish over 200 messages: p50 %v, p99 %v, max %v", p50, p99, lat[len(lat)-1])
-	if p99 > time.Second {
-		t.Errorf("p99 %v: the relay was not woken by the notifications", p99)
-	}
-	reliability.Report(t, reliability.Result{Scenario: "outbox: LISTEN/NOTIFY wakes the relay", Store: "postgres",
-		Operations: 200, Note: fmt.Sprintf("poll interval 1 min; commit to publish p50 %v, p99 %v, max %v",
-			p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))})
-}
-
 // TestPollingWithoutNotifications: a relay whose listening connection
 // never connects (its notifications are all lost) still delivers every
 // message, within its poll interval.

@@ -1,4 +1,4 @@
-package relay_test
+package relaytest
 
 import (
 	"context"
@@ -11,12 +11,19 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/internal/outboxtest"
-	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/internal/reliability"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 )
+
+var batchTests = []test{
+	{"MixedOutcomes", testBatchSinkMixedOutcomes},
+	{"NextBatchSkipsKeysInFlight", testNextBatchSkipsKeysInFlight},
+	{"KeepsItsClaim", testBatchKeepsItsClaim},
+	{"LosesItsMessagesOneByOne", testBatchLosesItsMessagesOneByOne},
+	{"ContextEndsBeforeTakeover", testBatchContextEndsBeforeTakeover},
+}
 
 // batchRecorder is an outbox.BatchSink over a Recorder: each call
 // publishes its envelopes to the Recorder in turn and keeps their IDs,
@@ -27,14 +34,15 @@ type batchRecorder struct {
 	t   testing.TB
 	rec *outboxtest.Recorder
 
-	mu    sync.Mutex
-	calls [][]string
-	ctxs  []context.Context
-	hold  func(call int) <-chan struct{}
+	mu      sync.Mutex
+	calls   [][]string
+	ctxs    []context.Context
+	hold    func(call int) <-chan struct{}
+	changed chan struct{} // closed and replaced at every call
 }
 
 func newBatchRecorder(t testing.TB) *batchRecorder {
-	return &batchRecorder{t: t, rec: outboxtest.NewRecorder()}
+	return &batchRecorder{t: t, rec: outboxtest.NewRecorder(), changed: make(chan struct{})}
 }
 
 func (b *batchRecorder) Publish(ctx context.Context, e outbox.Envelope) error {
@@ -51,6 +59,8 @@ func (b *batchRecorder) PublishBatch(ctx context.Context, es []outbox.Envelope) 
 	b.calls = append(b.calls, ids)
 	b.ctxs = append(b.ctxs, ctx)
 	call, hold := len(b.calls)-1, b.hold
+	close(b.changed)
+	b.changed = make(chan struct{})
 	b.mu.Unlock()
 	if hold != nil {
 		if ch := hold(call); ch != nil {
@@ -64,6 +74,16 @@ func (b *batchRecorder) PublishBatch(ctx context.Context, es []outbox.Envelope) 
 	return errs
 }
 
+// holdCalls makes every call wait until free is called; free it before
+// the relay stops (Run waits for the call).
+func (b *batchRecorder) holdCalls() (free func()) {
+	release := make(chan struct{})
+	b.mu.Lock()
+	b.hold = func(int) <-chan struct{} { return release }
+	b.mu.Unlock()
+	return sync.OnceFunc(func() { close(release) })
+}
+
 // call returns the IDs of call i and its context, and false before it.
 func (b *batchRecorder) call(i int) ([]string, context.Context, bool) {
 	b.mu.Lock()
@@ -74,15 +94,33 @@ func (b *batchRecorder) call(i int) ([]string, context.Context, bool) {
 	return b.calls[i], b.ctxs[i], true
 }
 
-// TestBatchSinkMixedOutcomes: a BatchSink is given a claimed batch in one
+// awaitCall waits for call i, for at most 10s, and fails t without it.
+func (b *batchRecorder) awaitCall(t *testing.T, i int) ([]string, context.Context) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		b.mu.Lock()
+		changed := b.changed
+		b.mu.Unlock()
+		if ids, ctx, ok := b.call(i); ok {
+			return ids, ctx
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no call %d of the sink within 10s", i)
+		}
+	}
+}
+
+// testBatchSinkMixedOutcomes: a BatchSink is given a claimed batch in one
 // call, and each envelope's outcome is marked on its own: those it
 // confirms done at their first attempt, the one it fails waiting for a
 // retry (and done at its second), the one it refuses permanently dead at
 // once, the one it suspends suspended without an attempt counted. A row
 // of the batch that cannot be read is set apart before the call, dead
 // with its decode error.
-func TestBatchSinkMixedOutcomes(t *testing.T) {
-	db := outboxtest.NewDB(t)
+func testBatchSinkMixedOutcomes(t *testing.T, tg Target) {
 	sink := newBatchRecorder(t)
 	var mu sync.Mutex
 	failed := map[string]bool{}
@@ -104,18 +142,15 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 	})
 	var ok []string
 	for i := range 5 {
-		ok = append(ok, db.Enqueue(t, fmt.Sprintf("ok-%d", i), outbox.Message{Topic: "ok"})...)
+		ok = append(ok, enqueue(t, tg, fmt.Sprintf("ok-%d", i), outbox.Message{Topic: "ok"})...)
 	}
-	flaky := db.Enqueue(t, "flaky", outbox.Message{Topic: "flaky"})[0]
-	bad := db.Enqueue(t, "bad", outbox.Message{Topic: "bad"})[0]
-	wait := db.Enqueue(t, "wait", outbox.Message{Topic: "wait"})[0]
-	unreadable := db.Enqueue(t, "unreadable", outbox.Message{Topic: "ok"})[0]
-	key, seq, _ := outbox.ParseID(unreadable)
-	if _, err := db.Pool.Exec(ctx, `UPDATE idempotency_outbox SET headers = '{"retries": 3}' WHERE storage_key = $1 AND seq = $2`, key, seq); err != nil {
-		t.Fatal(err)
-	}
+	flaky := enqueue(t, tg, "flaky", outbox.Message{Topic: "flaky"})[0]
+	bad := enqueue(t, tg, "bad", outbox.Message{Topic: "bad"})[0]
+	wait := enqueue(t, tg, "wait", outbox.Message{Topic: "wait"})[0]
+	unreadable := enqueue(t, tg, "unreadable", outbox.Message{Topic: "ok"})[0]
+	corrupt(t, tg, unreadable)
 
-	ev := start(t, db.Pool, sink)
+	ev := start(t, tg.NewRelay, sink)
 	if err := sink.rec.AwaitIDs(10*time.Second, append(ok, flaky)...); err != nil {
 		t.Fatal(err)
 	}
@@ -131,25 +166,25 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 		t.Errorf("the first call presented %v, want the whole batch %v", first, want)
 	}
 	for _, id := range ok {
-		if row, _ := db.Row(t, id); row.Status != lifecycle.Done || row.Attempts != 1 {
-			t.Errorf("confirmed %s: %+v, want done at attempt 1", id, row)
+		if r := mustRow(t, tg, id); r.State != lifecycle.Done || r.Attempts != 1 {
+			t.Errorf("confirmed %s: %v, want done at attempt 1", id, r)
 		}
 	}
 	if r := ev.Of(relay.EventRetried); len(r) != 1 || r[0].ID != flaky || r[0].Attempt != 1 {
 		t.Errorf("retried events %+v, want the flaky message's first attempt", r)
 	}
-	if row, _ := db.Row(t, flaky); row.Status != lifecycle.Done || row.Attempts != 2 {
-		t.Errorf("failed once %s: %+v, want done at attempt 2", flaky, row)
+	if r := mustRow(t, tg, flaky); r.State != lifecycle.Done || r.Attempts != 2 {
+		t.Errorf("failed once %s: %v, want done at attempt 2", flaky, r)
 	}
-	if row, _ := db.Row(t, bad); row.Status != lifecycle.Dead || row.Attempts != 1 || deref(row.LastError) != relay.CodeRefused+": invalid subject" {
-		t.Errorf("refused %s: %+v, last error %q", bad, row, deref(row.LastError))
+	if r := mustRow(t, tg, bad); r.State != lifecycle.Dead || r.Attempts != 1 || r.lastError() != relay.CodeRefused+": invalid subject" {
+		t.Errorf("refused %s: %v", bad, r)
 	}
-	if row, _ := db.Row(t, wait); row.Status != lifecycle.Suspended || row.Attempts != 0 {
-		t.Errorf("suspended %s: %+v, want no attempt counted", wait, row)
+	if r := mustRow(t, tg, wait); r.State != lifecycle.Suspended || r.Attempts != 0 {
+		t.Errorf("suspended %s: %v, want no attempt counted", wait, r)
 	}
-	if row, _ := db.Row(t, unreadable); row.Status != lifecycle.Dead || row.Attempts != 1 ||
-		!strings.Contains(deref(row.LastError), relay.CodeUnreadable+": row ") || !strings.Contains(deref(row.LastError), "column headers") {
-		t.Errorf("unreadable %s: %+v, last error %q", unreadable, row, deref(row.LastError))
+	if r := mustRow(t, tg, unreadable); r.State != lifecycle.Dead || r.Attempts != 1 ||
+		!strings.Contains(r.lastError(), relay.CodeUnreadable+": row ") || !strings.Contains(r.lastError(), "column headers") {
+		t.Errorf("unreadable %s: %v", unreadable, r)
 	}
 	for _, p := range ev.Of(relay.EventPublished) {
 		if p.Age <= 0 || p.Duration <= 0 {
@@ -157,27 +192,26 @@ func TestBatchSinkMixedOutcomes(t *testing.T) {
 		}
 	}
 	sink.rec.ExpectOnceEach(t, append(ok, flaky))
-	reliability.Report(t, reliability.Result{Scenario: "outbox: a batch sink confirms some envelopes of a call and fails others", Store: "postgres",
+	reliability.Report(t, reliability.Result{Scenario: "outbox: a batch sink confirms some envelopes of a call and fails others", Store: tg.Engine,
 		Operations: 9, Faults: 4, Note: "a claim of 9, one row unreadable: set apart, dead with its decode error; one PublishBatch of the other 8: 5 confirmed done at attempt 1; one failed, retried and done at attempt 2; one refused permanently, dead at once; one suspended, no attempt counted"})
 }
 
-// TestNextBatchSkipsKeysInFlight: while the sink holds a batch, the relay
+// testNextBatchSkipsKeysInFlight: while the sink holds a batch, the relay
 // claims the next one, which takes no message of an ordering key whose
 // message is in flight, however due: those wait for the batch's done
 // marks, and every key's messages are published in order.
-func TestNextBatchSkipsKeysInFlight(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	// In id order: the first message of keys a, b and c, their second
+func testNextBatchSkipsKeysInFlight(t *testing.T, tg Target) {
+	// In row order: the first message of keys a, b and c, their second
 	// ones, then three keys of one message.
 	var firsts, seconds, others []string
 	for _, k := range []string{"a", "b", "c"} {
-		firsts = append(firsts, db.Enqueue(t, k+"1", outbox.Message{Topic: "t", OrderingKey: k})...)
+		firsts = append(firsts, enqueue(t, tg, k+"1", outbox.Message{Topic: "t", OrderingKey: k})...)
 	}
 	for _, k := range []string{"a", "b", "c"} {
-		seconds = append(seconds, db.Enqueue(t, k+"2", outbox.Message{Topic: "t", OrderingKey: k})...)
+		seconds = append(seconds, enqueue(t, tg, k+"2", outbox.Message{Topic: "t", OrderingKey: k})...)
 	}
 	for _, k := range []string{"d", "e", "f"} {
-		others = append(others, db.Enqueue(t, k+"1", outbox.Message{Topic: "t", OrderingKey: k})...)
+		others = append(others, enqueue(t, tg, k+"1", outbox.Message{Topic: "t", OrderingKey: k})...)
 	}
 	sink := newBatchRecorder(t)
 	release := make(chan struct{})
@@ -187,26 +221,28 @@ func TestNextBatchSkipsKeysInFlight(t *testing.T) {
 		}
 		return nil
 	}
-	ev := start(t, db.Pool, sink, relay.WithBatchSize(3))
+	free := sync.OnceFunc(func() { close(release) })
+	defer free() // before the relay stops: Run waits for the call
+	ev := start(t, tg.NewRelay, sink, relay.WithBatchSize(3))
 	// The first batch is with the sink; the next one is claimed meanwhile.
 	ev.Await(t, 10*time.Second, "two claims", func() bool { return len(ev.Of(relay.EventClaimed)) >= 2 })
 	if first, _, _ := sink.call(0); !slices.Equal(first, firsts) {
 		t.Fatalf("the first batch presented %v, want %v", first, firsts)
 	}
 	for _, id := range append(slices.Clone(firsts), others...) {
-		if row, _ := db.Row(t, id); row.Status != lifecycle.Claimed {
-			t.Errorf("%s: %s while the first batch is in flight, want claimed", id, row.Status)
+		if r := mustRow(t, tg, id); r.State != lifecycle.Claimed {
+			t.Errorf("%s: %s while the first batch is in flight, want claimed", id, r.State)
 		}
 	}
 	for _, id := range seconds {
-		if row, _ := db.Row(t, id); row.Status != lifecycle.Ready {
-			t.Errorf("%s, whose key's message is in flight: %s, want ready", id, row.Status)
+		if r := mustRow(t, tg, id); r.State != lifecycle.Ready {
+			t.Errorf("%s, whose key's message is in flight: %s, want ready", id, r.State)
 		}
 	}
 	if n := len(ev.Of(relay.EventClaimed)); n != 2 {
 		t.Errorf("%d claims while the sink holds the first batch, want 2 (one claimed ahead)", n)
 	}
-	close(release)
+	free()
 	all := append(append(slices.Clone(firsts), seconds...), others...)
 	if err := sink.rec.AwaitIDs(10*time.Second, all...); err != nil {
 		t.Fatal(err)
@@ -224,29 +260,26 @@ func TestNextBatchSkipsKeysInFlight(t *testing.T) {
 	if second, _, _ := sink.call(1); !slices.Equal(second, others) {
 		t.Errorf("the batch claimed while the first was in flight: %v, want %v", second, others)
 	}
-	db.AwaitAllDone(t, 5*time.Second)
+	awaitAllDone(t, tg, 5*time.Second)
 }
 
-// TestBatchKeepsItsClaim: a BatchSink that works for several leases keeps
+// testBatchKeepsItsClaim: a BatchSink that works for several leases keeps
 // the claim on its batch (extended every third of a lease) while a second
 // relay polls the table: each message is presented once and done at its
 // first attempt.
-func TestBatchKeepsItsClaim(t *testing.T) {
-	db := outboxtest.NewDB(t)
+func testBatchKeepsItsClaim(t *testing.T, tg Target) {
 	const lease = 300 * time.Millisecond
-	ids := enqueueN(t, db, "slow", 4, 1)
+	ids := enqueueN(t, tg, "slow", 4, 1)
 	sink := newBatchRecorder(t)
 	sink.hold = func(call int) <-chan struct{} {
 		ch := make(chan struct{})
 		time.AfterFunc(4*lease, func() { close(ch) })
 		return ch
 	}
-	evA := start(t, db.Pool, sink, relay.WithName("a"), relay.WithClaimLease(lease))
-	if _, _, ok := awaitCall(t, sink, 0); !ok {
-		t.Fatal("no batch presented")
-	}
+	evA := start(t, tg.NewRelay, sink, relay.WithName("a"), relay.WithClaimLease(lease))
+	sink.awaitCall(t, 0)
 	other := outboxtest.NewRecorder()
-	evB := start(t, newPool(t, db.URL), other, relay.WithName("b"), relay.WithClaimLease(lease), relay.WithPollInterval(20*time.Millisecond))
+	evB := start(t, tg.NewPeerRelay, other, relay.WithName("b"), relay.WithClaimLease(lease), relay.WithPollInterval(20*time.Millisecond))
 	evA.Await(t, 10*time.Second, "published", func() bool { return len(evA.Of(relay.EventPublished)) == len(ids) })
 	if n := len(evA.Of(relay.EventExtended)); n < 3 {
 		t.Errorf("%d extends over 4 leases, want at least 3", n)
@@ -259,45 +292,49 @@ func TestBatchKeepsItsClaim(t *testing.T) {
 	}
 	sink.rec.ExpectOnceEach(t, ids)
 	for _, id := range ids {
-		if row, _ := db.Row(t, id); row.Status != lifecycle.Done || row.Attempts != 1 {
-			t.Errorf("%s: %+v, want done at attempt 1", id, row)
+		if r := mustRow(t, tg, id); r.State != lifecycle.Done || r.Attempts != 1 {
+			t.Errorf("%s: %v, want done at attempt 1", id, r)
 		}
 	}
 }
 
-// awaitCall waits for the sink's call i, for at most 10s.
-func awaitCall(t testing.TB, sink *batchRecorder, i int) ([]string, context.Context, bool) {
+// held is a relay whose sink holds its first call, of three messages.
+type held struct {
+	ids  []string
+	ev   *events
+	ctx  context.Context // the call's
+	free func()          // lets the sink's calls return; call it before the relay stops
+}
+
+// startHeld enqueues three messages of keys of their own to tg and runs the
+// relay newRelay returns through a batchRecorder whose calls wait for
+// free, until the relay presented the three in one call.
+func startHeld(t *testing.T, tg Target, newRelay func(outbox.Sink, ...relay.Option) *relay.Relay, opts ...relay.Option) held {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if ids, ctx, ok := sink.call(i); ok {
-			return ids, ctx, true
-		}
-		time.Sleep(5 * time.Millisecond)
+	ids := enqueueN(t, tg, "k", 3, 1)
+	sink := newBatchRecorder(t)
+	h := held{ids: ids, free: sink.holdCalls()}
+	h.ev = start(t, newRelay, sink, opts...)
+	presented, callCtx := sink.awaitCall(t, 0)
+	if len(presented) != len(ids) {
+		h.free()
+		t.Fatalf("presented %v, want the 3 messages in one call", presented)
 	}
-	return nil, nil, false
+	h.ctx = callCtx
+	return h
 }
 
-// TestBatchLosesItsMessagesOneByOne: a message of a batch in flight that an
-// operator cancels is lost alone: the call's context goes on for the
+// testBatchLosesItsMessagesOneByOne: a message of a batch in flight that
+// an operator cancels is lost alone: the call's context goes on for the
 // others, and the canceled message's done mark is refused though the sink
 // confirmed it. Once the other messages are suspended too, the call's
 // context is cancelled, with a cause wrapping ErrClaimLost, and their
 // marks are refused.
-func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	const lease = 300 * time.Millisecond
-	ids := enqueueN(t, db, "k", 3, 1)
-	sink := newBatchRecorder(t)
-	release := make(chan struct{})
-	sink.hold = func(int) <-chan struct{} { return release }
-	ev := start(t, db.Pool, sink, relay.WithClaimLease(lease))
-	presented, callCtx, ok := awaitCall(t, sink, 0)
-	if !ok || len(presented) != 3 {
-		t.Fatalf("presented %v, want the 3 messages in one call", presented)
-	}
-	tb := table(t)
-	if _, err := tb.Cancel(ctx, db.Pool, ids[:1], "refunded"); err != nil {
+func testBatchLosesItsMessagesOneByOne(t *testing.T, tg Target) {
+	h := startHeld(t, tg, tg.NewRelay, relay.WithClaimLease(300*time.Millisecond))
+	defer h.free()
+	ids, ev, callCtx := h.ids, h.ev, h.ctx
+	if _, err := tg.Table.Cancel(ctx, tg.DB, ids[:1], "refunded"); err != nil {
 		t.Fatal(err)
 	}
 	ev.Await(t, 10*time.Second, "the canceled message lost", func() bool { return len(ev.Of(relay.EventClaimLost)) == 1 })
@@ -310,7 +347,7 @@ func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
 	if err := callCtx.Err(); err != nil {
 		t.Fatalf("the call's context ended (%v) when one of its three messages was canceled", context.Cause(callCtx))
 	}
-	if _, err := tb.Suspend(ctx, db.Pool, lifecycle.Selector{IDs: ids[1:]}, "investigating"); err != nil {
+	if _, err := tg.Table.Suspend(ctx, tg.DB, lifecycle.Selector{IDs: ids[1:]}, "investigating"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -321,7 +358,7 @@ func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call's context was not cancelled once all its messages were lost")
 	}
-	close(release) // the sink confirms them all
+	h.free() // the sink confirms them all
 	ev.Await(t, 10*time.Second, "the refused marks", func() bool {
 		return len(ev.Of(relay.EventCanceled)) == 1 && len(ev.Of(relay.EventFenced)) == 2
 	})
@@ -336,49 +373,53 @@ func TestBatchLosesItsMessagesOneByOne(t *testing.T) {
 	if p := ev.Of(relay.EventPublished); len(p) != 0 {
 		t.Errorf("published events %+v for messages whose claim was lost", p)
 	}
-	st := db.Statuses(t)
-	if st[lifecycle.Canceled] != 1 || st[lifecycle.Suspended] != 2 || len(st) != 2 {
+	if st := statuses(t, tg); st[lifecycle.Canceled] != 1 || st[lifecycle.Suspended] != 2 || len(st) != 2 {
 		t.Errorf("statuses %v, want 1 canceled and 2 suspended", st)
 	}
 }
 
-// TestBatchContextEndsBeforeTakeover: a relay whose sink holds a batch
+// testBatchContextEndsBeforeTakeover: a relay whose sink holds a batch
 // (ignoring its context) loses its database: its extends fail, and it
 // cancels the call's context, with a cause wrapping ErrClaimLost, before
-// the claim could run out on the server and another relay take the batch
-// back.
-func TestBatchContextEndsBeforeTakeover(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	const lease = 300 * time.Millisecond
-	ids := enqueueN(t, db, "k", 3, 1)
-	sink := newBatchRecorder(t)
-	release := make(chan struct{})
-	sink.hold = func(int) <-chan struct{} { return release }
-	defer close(release)
-	pool, proxy := pgtest.ProxiedPool(t, db.URL)
-	ev := start(t, pool, sink, relay.WithClaimLease(lease))
-	presented, callCtx, ok := awaitCall(t, sink, 0)
-	if !ok || len(presented) != len(ids) {
-		t.Fatalf("presented %v, want the 3 messages in one call", presented)
-	}
-	proxy.Stall() // the relay's extends get no answer
+// the claim could run out and another relay, polling, take the batch
+// back; that relay publishes it again, and the first relay's marks,
+// once its database is back, change nothing.
+func testBatchContextEndsBeforeTakeover(t *testing.T, tg Target) {
+	const lease = 500 * time.Millisecond
+	newA, dbA := stallable(tg)
+	h := startHeld(t, tg, newA, relay.WithName("a"), relay.WithClaimLease(lease))
+	defer h.free()
+	ids, evA, callCtx := h.ids, h.ev, h.ctx
+	other := outboxtest.NewRecorder()
+	evB := start(t, tg.NewPeerRelay, other, relay.WithName("b"), relay.WithClaimLease(lease), relay.WithPollInterval(20*time.Millisecond))
+	dbA.stall() // a's extends get no answer
 	select {
 	case <-callCtx.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call's context was not cancelled while the relay could not extend its claim")
 	}
-	lostBy := time.Now()
 	if cause := context.Cause(callCtx); !errors.Is(cause, outbox.ErrClaimLost) {
 		t.Errorf("the call's context ended with %v, want a cause wrapping ErrClaimLost", cause)
 	}
-	// The server's clock and this one are the same machine's.
-	var until time.Time
-	if err := db.Pool.QueryRow(ctx, `SELECT min(claim_until) FROM idempotency_outbox WHERE status = 'claimed'`).Scan(&until); err != nil {
-		t.Fatal(err)
+	evA.Await(t, 5*time.Second, "3 claims lost", func() bool { return len(evA.Of(relay.EventClaimLost)) == 3 })
+	evB.Await(t, 10*time.Second, "the other relay's 3 publishes", func() bool { return len(evB.Of(relay.EventPublished)) == 3 })
+	// The call's context ended before the loss was reported.
+	if lost, taken := evA.firstAt(relay.EventClaimLost), evB.firstAt(relay.EventReclaimed); !lost.Before(taken) {
+		t.Errorf("a gave its batch up at %v, not before b took it back at %v", lost, taken)
 	}
-	if !lostBy.Before(until) {
-		t.Errorf("the call's context ended at %v, not before the claim ran out at %v", lostBy, until)
+	for _, d := range other.Deliveries() {
+		if d.Attempt != 2 {
+			t.Errorf("b presented %s at attempt %d, want 2 (a's claim counted)", d.ID, d.Attempt)
+		}
 	}
-	ev.Await(t, 5*time.Second, "3 claims lost", func() bool { return len(ev.Of(relay.EventClaimLost)) == 3 })
-	proxy.Restore()
+	dbA.restore()
+	h.free() // the sink confirms the batch
+	evA.Await(t, 10*time.Second, "a's fenced marks", func() bool { return len(evA.Of(relay.EventFenced)) == 3 })
+	for _, f := range evA.Of(relay.EventFenced) {
+		if f.State != lifecycle.Done || !f.Published {
+			t.Errorf("fenced event %+v, want a published message found done", f)
+		}
+	}
+	other.ExpectOnceEach(t, ids)
+	awaitAllDone(t, tg, 5*time.Second)
 }

@@ -1,4 +1,4 @@
-package relay_test
+package relaytest
 
 import (
 	"context"
@@ -11,8 +11,15 @@ import (
 
 	"github.com/go-idempotency/idempotency/internal/outboxtest"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/relay"
 )
+
+var logTests = []test{
+	{"Failures", testLoggerReportsFailures},
+	{"Lifecycle", testLoggerReportsLifecycle},
+	{"StatementErrors", testLoggerReportsStatementErrors},
+}
 
 // logRecorder is a slog.Handler that keeps every record.
 type logRecorder struct {
@@ -51,12 +58,11 @@ func (h *logRecorder) find(level slog.Level, id string) []map[string]string {
 	return found
 }
 
-// TestLoggerReportsFailures: with WithLogger, a failed publish is logged
+// testLoggerReportsFailures: with WithLogger, a failed publish is logged
 // at Warn with the message's ID and the sink's error, a message gone dead
 // at Error with its last error, a published one at Debug; each record
 // names the relay, and the observer still gets every event.
-func TestLoggerReportsFailures(t *testing.T) {
-	db := outboxtest.NewDB(t)
+func testLoggerReportsFailures(t *testing.T, tg Target) {
 	rec := outboxtest.NewRecorder()
 	sinkErr := errors.New("nats: no response from stream")
 	var mu sync.Mutex
@@ -70,10 +76,10 @@ func TestLoggerReportsFailures(t *testing.T) {
 		}
 		return nil
 	})
-	flaky := db.Enqueue(t, "flaky", outbox.Message{Topic: "payment.created"})[0]
-	poison := db.Enqueue(t, "poison", outbox.Message{Topic: "poison"})[0]
+	flaky := enqueue(t, tg, "flaky", outbox.Message{Topic: "payment.created"})[0]
+	poison := enqueue(t, tg, "poison", outbox.Message{Topic: "poison"})[0]
 	logs := &logRecorder{}
-	ev := start(t, db.Pool, rec, relay.WithName("r-log"), relay.WithMaxAttempts(2), relay.WithLogger(slog.New(logs)))
+	ev := start(t, tg.NewRelay, rec, relay.WithName("r-log"), relay.WithMaxAttempts(2), relay.WithLogger(slog.New(logs)))
 	ev.Await(t, 10*time.Second, "the flaky message published, the poison message dead", func() bool {
 		return len(ev.Of(relay.EventPublished)) == 1 && len(ev.Of(relay.EventDead)) == 1
 	})
@@ -101,45 +107,10 @@ func TestLoggerReportsFailures(t *testing.T) {
 	}
 }
 
-// TestLoggerReportsStatementErrors: a statement that fails (here: the
-// outbox table is missing) is logged at Error with the database's error,
-// where before only an observer saw it.
-func TestLoggerReportsStatementErrors(t *testing.T) {
-	db := outboxtest.NewDB(t)
-	logs := &logRecorder{}
-	failed := make(chan struct{}, 1)
-	r := relay.New(db.Pool, outboxtest.NewRecorder(), relay.WithTable("no_such_outbox"), relay.WithLogger(slog.New(logs)),
-		relay.WithObserver(func(_ context.Context, e relay.Event) {
-			if e.Kind == relay.EventError {
-				select {
-				case failed <- struct{}{}:
-				default:
-				}
-			}
-		}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	select {
-	case <-failed:
-	case <-time.After(10 * time.Second):
-		t.Error("no EventError within 10s")
-	}
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run: %v", err)
-	}
-	errs := logs.find(slog.LevelError, "")
-	if len(errs) == 0 || !strings.Contains(errs[0]["error"], "no_such_outbox") || errs[0]["relay"] != r.Name() {
-		t.Fatalf("Error records %v, want the missing table's error", errs)
-	}
-}
-
-// TestLoggerReportsLifecycle: a message the sink refuses and a row the
+// testLoggerReportsLifecycle: a message the sink refuses and a row the
 // relay cannot read are logged at Error with their errors, a message the
-// sink suspends at Warn with the reason, a claim found lost at Warn.
-func TestLoggerReportsLifecycle(t *testing.T) {
-	db := outboxtest.NewDB(t)
+// sink suspends at Warn with the reason.
+func testLoggerReportsLifecycle(t *testing.T, tg Target) {
 	rec := outboxtest.NewRecorder()
 	rec.FailWith(func(e outbox.Envelope) error {
 		switch e.Topic {
@@ -150,25 +121,42 @@ func TestLoggerReportsLifecycle(t *testing.T) {
 		}
 		return nil
 	})
-	refused := db.Enqueue(t, "r", outbox.Message{Topic: "refused"})[0]
-	suspended := db.Enqueue(t, "s", outbox.Message{Topic: "metered"})[0]
-	unreadable := db.Enqueue(t, "u", outbox.Message{Topic: "fine"})[0]
-	key, seq, _ := outbox.ParseID(unreadable)
-	if _, err := db.Pool.Exec(ctx, `UPDATE idempotency_outbox SET enqueued_at = 'infinity' WHERE storage_key = $1 AND seq = $2`, key, seq); err != nil {
-		t.Fatal(err)
-	}
+	refused := enqueue(t, tg, "r", outbox.Message{Topic: "refused"})[0]
+	suspended := enqueue(t, tg, "s", outbox.Message{Topic: "metered"})[0]
+	unreadable := enqueue(t, tg, "u", outbox.Message{Topic: "fine"})[0]
+	corrupt(t, tg, unreadable)
 	logs := &logRecorder{}
-	ev := start(t, db.Pool, rec, relay.WithName("r-log"), relay.WithLogger(slog.New(logs)))
+	ev := start(t, tg.NewRelay, rec, relay.WithName("r-log"), relay.WithLogger(slog.New(logs)))
 	ev.Await(t, 10*time.Second, "refused, suspended, unreadable", func() bool {
 		return len(ev.Of(relay.EventRefused)) == 1 && len(ev.Of(relay.EventSuspended)) == 1 && len(ev.Of(relay.EventUnreadable)) == 1
 	})
 	if r := logs.find(slog.LevelError, refused); len(r) != 1 || r[0]["error"] != "invalid subject" || !strings.Contains(r[0]["msg"], "refused") {
 		t.Errorf("the refusal logged as %v", r)
 	}
-	if r := logs.find(slog.LevelError, unreadable); len(r) != 1 || !strings.Contains(r[0]["error"], "column enqueued_at: cannot scan Infinity") || r[0]["relay"] != "r-log" {
+	if r := logs.find(slog.LevelError, unreadable); len(r) != 1 || !strings.Contains(r[0]["error"], unreadableWhy) || r[0]["relay"] != "r-log" {
 		t.Errorf("the unreadable row logged as %v", r)
 	}
 	if r := logs.find(slog.LevelWarn, suspended); len(r) != 1 || r[0]["reason"] != "budget exhausted" {
 		t.Errorf("the suspension logged as %v", r)
+	}
+}
+
+// testLoggerReportsStatementErrors: a statement that fails (here: the
+// relay's outbox table is missing) is logged at Error with the database's
+// error, and the relay carries on.
+func testLoggerReportsStatementErrors(t *testing.T, tg Target) {
+	missing, err := lifecycle.New("no_such_outbox", tg.Table.Dialect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logRecorder{}
+	ev := newEvents()
+	r := relay.NewDB(tg.DB, missing, nil, outboxtest.NewRecorder(), relay.WithLogger(slog.New(logs)), relay.WithObserver(ev.Observe),
+		relay.WithPollInterval(50*time.Millisecond))
+	runUntilEnd(t, r)
+	ev.Await(t, 10*time.Second, "two errors", func() bool { return len(ev.Of(relay.EventError)) >= 2 })
+	errs := logs.find(slog.LevelError, "")
+	if len(errs) < 2 || !strings.Contains(errs[0]["error"], "no_such_outbox") || errs[0]["relay"] != r.Name() {
+		t.Fatalf("Error records %v, want the missing table's error, again after a pause", errs)
 	}
 }
