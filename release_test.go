@@ -119,6 +119,12 @@ func TestReleaseModulesDisagree(t *testing.T) {
 		},
 		want: "grpc is released at step 1, want 2",
 	}, {
+		name: "a step that is not one after a released module it requires besides the root",
+		breakIt: func(r *doctest.Repo) string {
+			return strings.Replace(notes, "| `cmd/idemctl` | yes | `cmd/idemctl/v0.X.Y` | 3 |", "| `cmd/idemctl` | yes | `cmd/idemctl/v0.X.Y` | 2 |", 1)
+		},
+		want: "cmd/idemctl is released at step 2, want 3",
+	}, {
 		name: "a tag without the module's directory",
 		breakIt: func(r *doctest.Repo) string {
 			return strings.Replace(notes, "`brokers/nats/v0.X.Y`", "`nats/v0.X.Y`", 1)

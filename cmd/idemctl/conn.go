@@ -23,8 +23,13 @@ type connFlags struct {
 	redis, sentinel, master string
 	cluster                 bool
 	postgres                string
+	sqlite                  string
 	prefix, table           string
 	timeout                 time.Duration
+
+	// withSQLite adds -sqlite (and SQLITE_PATH): the command (check) takes
+	// an SQLite file of sqlitestore, which is a checker, not a backend.
+	withSQLite bool
 }
 
 // register adds the connection flags to fs.
@@ -35,7 +40,12 @@ func (f *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.master, "master", "", "the master `name` the sentinels monitor")
 	fs.StringVar(&f.postgres, "postgres", "", "PostgreSQL connection `URL`; env DATABASE_URL")
 	fs.StringVar(&f.prefix, "prefix", redisstore.DefaultPrefix, "the redisstore key `prefix` (redisstore.WithPrefix)")
-	fs.StringVar(&f.table, "table", pgstore.DefaultTable, "the pgstore `table`, optionally schema.table (pgstore.WithTable)")
+	if f.withSQLite {
+		fs.StringVar(&f.sqlite, "sqlite", "", "the SQLite `file` of sqlitestore (never created); env SQLITE_PATH")
+		fs.StringVar(&f.table, "table", pgstore.DefaultTable, "the `table`: pgstore's, optionally schema.table (pgstore.WithTable), or sqlitestore's (sqlitestore.WithTable)")
+	} else {
+		fs.StringVar(&f.table, "table", pgstore.DefaultTable, "the pgstore `table`, optionally schema.table (pgstore.WithTable)")
+	}
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this `duration` (0: never)")
 }
 
@@ -43,25 +53,37 @@ func (f *connFlags) register(fs *flag.FlagSet) {
 // returns what fn returns with it, all within -timeout: the exit status of
 // cmd, which fails when the store cannot be reached.
 func (f *connFlags) connected(ctx context.Context, c *cli, cmd *command, fn func(context.Context, backend) int) int {
+	return f.checked(ctx, c, cmd, func(ctx context.Context, s checker) int {
+		b, ok := s.(backend)
+		if !ok {
+			return c.fail(cmd, fmt.Errorf("%s: idemctl %s reads Redis and PostgreSQL only; check reads an SQLite file", s.describe(), cmd.name))
+		}
+		return fn(ctx, b)
+	})
+}
+
+// checked is connected for check, whose store may be an SQLite file.
+func (f *connFlags) checked(ctx context.Context, c *cli, cmd *command, fn func(context.Context, checker) int) int {
 	if f.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, f.timeout)
 		defer cancel()
 	}
-	b, err := f.open(ctx, c)
+	s, err := f.open(ctx, c)
 	if err != nil {
 		return c.fail(cmd, err)
 	}
-	defer b.close()
-	return fn(ctx, b)
+	defer s.close()
+	return fn(ctx, s)
 }
 
-// open connects to the store the flags (or the environment) name.
-func (f *connFlags) open(ctx context.Context, c *cli) (backend, error) {
+// open connects to the store the flags (or the environment) name: a
+// backend, or with withSQLite an SQLite file.
+func (f *connFlags) open(ctx context.Context, c *cli) (checker, error) {
 	if f.prefix == "" {
 		return nil, usagef("-prefix is empty")
 	}
-	redisAddr, pgURL := f.redis, f.postgres
+	redisAddr, pgURL, sqlitePath := f.redis, f.postgres, f.sqlite
 	if f.sentinel != "" && redisAddr != "" {
 		return nil, usagef("-sentinel and -redis name two Redis deployments: give one")
 	}
@@ -72,23 +94,51 @@ func (f *connFlags) open(ctx context.Context, c *cli) (backend, error) {
 	switch {
 	case isRedis && pgURL != "":
 		return nil, usagef("both Redis and PostgreSQL given: give one")
-	case isRedis, pgURL != "":
+	case sqlitePath != "" && isRedis:
+		return nil, usagef("both Redis and SQLite given: give one")
+	case sqlitePath != "" && pgURL != "":
+		return nil, usagef("both PostgreSQL and SQLite given: give one")
+	case isRedis, pgURL != "", sqlitePath != "":
 	default:
+		var set, flags []string
 		envRedis := c.getenv("REDIS_URL")
 		if envRedis == "" {
 			envRedis = c.getenv("REDIS_ADDR")
 		}
+		if envRedis != "" {
+			set, flags = append(set, "REDIS_URL (or REDIS_ADDR)"), append(flags, "-redis")
+		}
 		envPG := c.getenv("DATABASE_URL")
+		if envPG != "" {
+			set, flags = append(set, "DATABASE_URL"), append(flags, "-postgres")
+		}
+		envSQLite := c.getenv("SQLITE_PATH")
+		if envSQLite != "" && f.withSQLite {
+			set, flags = append(set, "SQLITE_PATH"), append(flags, "-sqlite")
+		}
 		switch {
-		case envRedis != "" && envPG != "":
-			return nil, usagef("both REDIS_URL (or REDIS_ADDR) and DATABASE_URL are set: choose with -redis or -postgres")
+		case len(set) > 1:
+			both := ""
+			if len(set) == 2 {
+				both = "both "
+			}
+			return nil, usagef("%s%s are set: choose with %s", both, joinList(set, "and"), joinList(flags, "or"))
 		case envRedis != "":
 			redisAddr, isRedis = envRedis, true
 		case envPG != "":
 			pgURL = envPG
+		case envSQLite != "" && f.withSQLite:
+			sqlitePath = envSQLite
+		case f.withSQLite:
+			return nil, usagef("no store: give -redis, -sentinel, -postgres or -sqlite (or set REDIS_URL, DATABASE_URL or SQLITE_PATH)")
+		case envSQLite != "":
+			return nil, usagef("no store: give -redis, -sentinel or -postgres (or set REDIS_URL or DATABASE_URL); SQLITE_PATH is set, and of idemctl's commands check alone reads an SQLite file")
 		default:
 			return nil, usagef("no store: give -redis, -sentinel or -postgres (or set REDIS_URL or DATABASE_URL)")
 		}
+	}
+	if sqlitePath != "" {
+		return &sqliteFile{path: sqlitePath, table: f.table}, nil
 	}
 	if isRedis {
 		client, where, err := f.redisClient(redisAddr, c.getenv("REDIS_PASSWORD"))
@@ -243,10 +293,27 @@ func isStorageKey(k string) bool {
 	return err == nil
 }
 
-// backend is a store idemctl works on.
-type backend interface {
+// checker is a store that check judges: a backend, or an SQLite file.
+type checker interface {
 	// describe names the store for people.
 	describe() string
+	// check judges the server's settings.
+	check(ctx context.Context, opts checkOptions) (servercheck.Report, error)
+	close()
+}
+
+// joinList joins words as a list in prose, the last two by conj: "a",
+// "a or b", "a, b or c".
+func joinList(words []string, conj string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " " + conj + " " + words[len(words)-1]
+}
+
+// backend is a store idemctl works on.
+type backend interface {
+	checker
 	// location names a record's place: its Redis key or its table.
 	location(key string) string
 	// inspect returns the record under key with at most bodyLimit bytes of
@@ -258,7 +325,4 @@ type backend interface {
 	list(ctx context.Context, c *cli, opts listOptions, emit func(*record) error) error
 	// stats counts the records and their memory.
 	stats(ctx context.Context, c *cli, opts statsOptions) (*statsResult, error)
-	// check judges the server's settings.
-	check(ctx context.Context, opts checkOptions) (servercheck.Report, error)
-	close()
 }

@@ -1,7 +1,8 @@
 // Command idemctl inspects and repairs the records that the idempotency
 // middleware keeps in Redis (redisstore) or PostgreSQL (pgstore), and the
 // messages of the transactional outbox (package outbox), shows state
-// records (package state), and checks that the server keeps them safely.
+// records (package state), and checks that the server, or the SQLite file
+// of sqlitestore, keeps them safely.
 //
 //	idemctl key     -scope user-42 -key 4b1c…            # scope + client key → storage key
 //	idemctl inspect -redis 127.0.0.1:6379 -scope user-42 -key 4b1c…
@@ -9,6 +10,7 @@
 //	idemctl release -redis 127.0.0.1:6379 3f0c…e9
 //	idemctl stats   -postgres "$DATABASE_URL"
 //	idemctl check   -redis 127.0.0.1:6379               # exit status 1 when unsafe
+//	idemctl check   -sqlite /var/lib/app/app.db         # an SQLite file of sqlitestore
 //	idemctl outbox  -postgres "$DATABASE_URL"           # outbox messages by state, the relays' lag
 //	idemctl outbox dead    -postgres "$DATABASE_URL"    # dead messages and why they died
 //	idemctl outbox schedule -postgres "$DATABASE_URL" -in 1h 3f0c…e9/1
@@ -21,6 +23,12 @@
 //
 // Run idemctl -h for the commands and idemctl <command> -h for each
 // command's manual. RUNBOOK.md at the repository's root puts them to use.
+//
+// It is a module of its own, which requires sqlitestore for check -sqlite
+// (so that the library's module does not depend on SQLite): install it
+// with go install github.com/go-idempotency/idempotency/cmd/idemctl@latest,
+// or in a clone of the repository run go run ./cmd/idemctl (go.work makes
+// one workspace of the modules).
 package main
 
 import (
@@ -84,7 +92,8 @@ func init() {
 
 const topUsage = `idemctl inspects and repairs the records of the idempotency middleware in
 Redis (redisstore) and PostgreSQL (pgstore), and the messages of its outbox,
-and checks that the server keeps them safely.
+and checks that the server, or the SQLite file of sqlitestore, keeps them
+safely.
 
 Usage:
   idemctl <command> [flags] [storage key]
@@ -92,14 +101,17 @@ Usage:
 Commands:
 %s
 Connection (flags of every command but key, of which outbox and state take
--postgres, -table and -timeout; a flag wins over the environment):
+-postgres, -table and -timeout, and check alone -sqlite; a flag wins over the
+environment):
   -redis ADDR|URL     Redis: host:port or redis://[user:password@]host:port[/db]
                       (environment: REDIS_URL, then REDIS_ADDR; REDIS_PASSWORD)
   -cluster            -redis names the seed nodes of a Redis Cluster, comma-separated
   -sentinel ADDRS     Redis behind Sentinel: the sentinels, comma-separated, with -master NAME
   -postgres URL       PostgreSQL: a connection string (environment: DATABASE_URL)
+  -sqlite FILE        check: the SQLite file of sqlitestore (environment: SQLITE_PATH)
   -prefix P           the redisstore prefix (default "idempotency:")
-  -table T            the pgstore table (default idempotency_records; outbox:
+  -table T            the pgstore table (default idempotency_records; check
+                      -sqlite: the sqlitestore table, the same default; outbox:
                       the outbox table, default idempotency_outbox; state: the
                       state records' table, default idempotency_state)
   -timeout D          give up after D (default 30s; 0 never)

@@ -485,7 +485,7 @@ func (s *outboxStore) status(ctx context.Context) (*outboxStatus, error) {
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	st, err := s.t.Status(ctx, tx, maxErrorGroups)
+	st, err := s.t.Status(ctx, lifecycle.Pgx(tx), maxErrorGroups)
 	if err != nil {
 		return nil, err
 	}
@@ -632,7 +632,7 @@ func (s *outboxStore) runDead(ctx context.Context, c *cli, cmd *command, o outbo
 	if o.limit > 0 {
 		limit = o.limit + 1 // one more: whether the limit stopped the list
 	}
-	listed, err := s.t.List(ctx, s.conn, lifecycle.Dead, o.topic, limit)
+	listed, err := s.t.List(ctx, lifecycle.Pgx(s.conn), lifecycle.Dead, o.topic, limit)
 	if err != nil {
 		return c.fail(cmd, err)
 	}
@@ -812,29 +812,29 @@ func (s *outboxStore) change(ctx context.Context, c *cli, o outboxOptions, res *
 	var changed []lifecycle.Changed
 	switch o.subcommand {
 	case "schedule":
-		changed, err = s.t.Schedule(ctx, tx, o.ids, o.when)
+		changed, err = s.t.Schedule(ctx, lifecycle.Pgx(tx), o.ids, o.when)
 	case "cancel":
 		reason := "by " + o.by + " with idemctl"
 		if o.reason != "" {
 			reason += ": " + o.reason
 		}
-		changed, err = s.t.Cancel(ctx, tx, o.ids, reason)
+		changed, err = s.t.Cancel(ctx, lifecycle.Pgx(tx), o.ids, reason)
 	case "suspend":
 		reason := "by " + o.by + " with idemctl"
 		if o.reason != "" {
 			reason = o.reason + " (" + reason + ")"
 		}
-		changed, err = s.t.Suspend(ctx, tx, sel, reason)
+		changed, err = s.t.Suspend(ctx, lifecycle.Pgx(tx), sel, reason)
 	case "resume":
-		changed, err = s.t.Resume(ctx, tx, sel)
+		changed, err = s.t.Resume(ctx, lifecycle.Pgx(tx), sel)
 	case "requeue":
 		states := o.states
 		if !o.bulk {
 			states = nil // a named message in any finished state
 		}
-		changed, err = s.t.Requeue(ctx, tx, sel, states, o.by)
+		changed, err = s.t.Requeue(ctx, lifecycle.Pgx(tx), sel, states, o.by)
 	case "purge":
-		changed, err = s.t.Purge(ctx, tx, lifecycle.PurgeFilter{Selector: sel, Limit: len(o.ids)})
+		changed, err = s.t.Purge(ctx, lifecycle.Pgx(tx), lifecycle.PurgeFilter{Selector: sel, Limit: len(o.ids)})
 	}
 	if err != nil {
 		return err
@@ -845,7 +845,7 @@ func (s *outboxStore) change(ctx context.Context, c *cli, o outboxOptions, res *
 	}
 	slices.SortFunc(changed, func(a, b lifecycle.Changed) int { return cmp.Compare(a.RowID, b.RowID) })
 	if len(changed) > 0 && o.subcommand != "suspend" && o.subcommand != "purge" {
-		if err := s.t.Notify(ctx, tx); err != nil {
+		if err := s.t.Notify(ctx, lifecycle.Pgx(tx)); err != nil {
 			return err
 		}
 	}
@@ -868,7 +868,7 @@ func (s *outboxStore) change(ctx context.Context, c *cli, o outboxOptions, res *
 // that each is there and in a state o's subcommand acts on. Otherwise it
 // reports on c's stderr why not, and returns an errIDs.
 func (s *outboxStore) lock(ctx context.Context, tx pgx.Tx, c *cli, o outboxOptions) error {
-	found, err := s.t.Lookup(ctx, tx, o.ids)
+	found, err := s.t.Lookup(ctx, lifecycle.Pgx(tx), o.ids)
 	if err != nil {
 		return err
 	}
@@ -948,7 +948,7 @@ func describeState(f lifecycle.Found) string {
 // counting them in res as it goes.
 func (s *outboxStore) purge(ctx context.Context, o outboxOptions, res *outboxChange) error {
 	for {
-		got, err := s.t.Purge(ctx, s.conn, lifecycle.PurgeFilter{
+		got, err := s.t.Purge(ctx, lifecycle.Pgx(s.conn), lifecycle.PurgeFilter{
 			Selector: lifecycle.Selector{Topic: o.topic, All: true}, States: o.states, Older: o.older, Limit: o.batch,
 		})
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/state"
 )
@@ -57,11 +58,11 @@ func TestState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := table.Claim(ctx, pool, "tok", "relay-1", time.Minute, 1)
+	claimed, err := table.Claim(ctx, lifecycle.Pgx(pool), "tok", "relay-1", time.Minute, 1)
 	if err != nil || len(claimed) != 1 || claimed[0].ID != state.EventID(ref, 3) {
 		t.Fatalf("claim %+v, %v", claimed, err)
 	}
-	if _, err := table.Done(ctx, pool, "tok", []int64{claimed[0].RowID}); err != nil {
+	if _, err := table.Done(ctx, lifecycle.Pgx(pool), "tok", []int64{claimed[0].RowID}); err != nil {
 		t.Fatal(err)
 	}
 
