@@ -26,8 +26,9 @@ import (
 // naming the first thing that is wrong. It writes nothing to the database
 // (its write check is rolled back); it creates and removes an empty file
 // in the directory. It waits for a transactional handler of the Store
-// that runs, for as long as ctx allows. Run it again from a command-line
-// check, or after the file was moved or its permissions changed.
+// that runs, for as long as ctx allows. Run it again after the file was
+// moved or its permissions changed. CheckFile judges a file from outside
+// the application, item by item.
 func (s *Store) Check(ctx context.Context) error {
 	if s.closed.Load() {
 		return idempotency.ErrStoreClosed
@@ -55,56 +56,67 @@ func (s *Store) checkSettings(ctx context.Context) error {
 		// The connection's own pragmas write (journal_mode=WAL creates
 		// the -wal file).
 		if code(err) == sqlite3.SQLITE_READONLY {
-			return fail("the database cannot be written: %s (%w)", s.readOnlyCause(), err)
+			return fail("the database cannot be written: %s (%w)", readOnlyCause(s.path), err)
 		}
 		return fail("open: %w", err)
 	}
 	defer conn.Close()
-	pragma := func(name string) (string, error) {
-		var v string
-		if err := conn.QueryRowContext(ctx, "PRAGMA "+name).Scan(&v); err != nil {
-			return "", fail("PRAGMA %s: %w", name, err)
-		}
-		return v, nil
-	}
-
-	queryOnly, err := pragma("query_only")
-	if err != nil {
-		return err
-	}
-	if queryOnly != "0" {
-		return fail("the connection is query-only (PRAGMA query_only = %s): the store writes a record for every first request", queryOnly)
-	}
-
-	// A read-only connection takes the write lock (BEGIN IMMEDIATE) but
-	// fails its first write: a table created in a transaction rolled
-	// back, so nothing is written, and named so as to be no one's.
-	if err := writeProbe(ctx, conn); err != nil {
-		if code(err) == sqlite3.SQLITE_READONLY {
-			return fail("the database cannot be written: %s (%w)", s.readOnlyCause(), err)
-		}
-		return fail("a write rolled back: %w", err)
-	}
-
-	if err := s.checkDir(); err != nil {
+	if err := checkWrite(ctx, conn, s.path); err != nil {
 		return fail("%w", err)
 	}
-
-	mode, err := pragma("journal_mode")
-	if err != nil {
-		return err
+	if err := checkDir(s.path); err != nil {
+		return fail("%w", err)
 	}
-	if !strings.EqualFold(mode, "wal") {
+	mode, err := pragma(ctx, conn, "journal_mode")
+	if err != nil {
+		return fail("%w", err)
+	}
+	if !isWAL(mode) {
 		return fail("the journal mode is %q, not WAL: SQLite could not switch the file to WAL, which readers need to run beside the writer (WAL needs shared memory between the processes that open the file, which a network filesystem does not give; a file in memory has no WAL either)", mode)
 	}
 
 	// 2 is FULL, 3 EXTRA: in WAL mode, FULL syncs the WAL at every
 	// commit, so a record acknowledged to the middleware survives a power
 	// loss.
-	if syncMode, err := pragma("synchronous"); err != nil {
-		return err
+	if syncMode, err := pragma(ctx, conn, "synchronous"); err != nil {
+		return fail("%w", err)
 	} else if syncMode != "2" && syncMode != "3" {
 		return fail("PRAGMA synchronous is %s, not FULL (2): a commit would not survive a power loss", syncMode)
+	}
+	return nil
+}
+
+// pragma returns the value of PRAGMA name on conn.
+func pragma(ctx context.Context, conn *sql.Conn, name string) (string, error) {
+	var v string
+	if err := conn.QueryRowContext(ctx, "PRAGMA "+name).Scan(&v); err != nil {
+		return "", fmt.Errorf("PRAGMA %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// isWAL reports whether mode, PRAGMA journal_mode's answer, is WAL.
+func isWAL(mode string) bool { return strings.EqualFold(mode, "wal") }
+
+// checkWrite checks that conn can write to the file at path: PRAGMA
+// query_only is off, and a write, rolled back, succeeds. The error says
+// why not, and wraps SQLite's.
+func checkWrite(ctx context.Context, conn *sql.Conn, path string) error {
+	queryOnly, err := pragma(ctx, conn, "query_only")
+	if err != nil {
+		return err
+	}
+	if queryOnly != "0" {
+		return fmt.Errorf("the connection is query-only (PRAGMA query_only = %s): the store writes a record for every first request", queryOnly)
+	}
+	// A read-only connection takes the write lock (BEGIN IMMEDIATE) but
+	// fails its first write: a table created in a transaction rolled
+	// back, so nothing is written, and named so as to be no one's.
+	if err := writeProbe(ctx, conn); err != nil {
+		if code(err) == sqlite3.SQLITE_READONLY {
+			return fmt.Errorf("the database cannot be written: %s (%w)", readOnlyCause(path), err)
+		}
+		return fmt.Errorf("a write rolled back: %w", err)
 	}
 	return nil
 }
@@ -122,10 +134,11 @@ func writeProbe(ctx context.Context, conn *sql.Conn) error {
 	return err
 }
 
-// checkDir checks that a file can be created in the database's
-// directory, as SQLite creates the -wal and -shm files there.
-func (s *Store) checkDir() error {
-	dir := filepath.Dir(s.path)
+// checkDir checks that a file can be created in the directory of the
+// database at path, as SQLite creates the -wal and -shm files there: it
+// creates an empty file and removes it.
+func checkDir(path string) error {
+	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".sqlitestore-check-*")
 	if err != nil {
 		return fmt.Errorf("its directory %s is not writable, and SQLite creates the database's -wal and -shm files there: %w", dir, err)
@@ -135,19 +148,25 @@ func (s *Store) checkDir() error {
 	return nil
 }
 
-// readOnlyCause says why SQLite refused to write: the mode of the file or
-// of its -wal or -shm file, its directory, or else how the connection was
-// opened.
-func (s *Store) readOnlyCause() string {
-	for _, name := range []string{s.path, s.path + "-wal", s.path + "-shm"} {
+// readOnlyCause says why SQLite refused to write to the database at path:
+// the mode of the file or of its -wal or -shm file, its directory, or
+// else how the connection was opened.
+func readOnlyCause(path string) string {
+	for _, name := range []string{path, path + "-wal", path + "-shm"} {
 		if fi, err := os.Stat(name); err == nil && fi.Mode().Perm()&0o222 == 0 {
 			return fmt.Sprintf("the file %s is read-only (mode %v)", name, fi.Mode().Perm())
 		}
 	}
-	if err := s.checkDir(); err != nil {
+	if err := checkDir(path); err != nil {
 		return err.Error()
 	}
 	return "the connection is read-only (the file's permissions, a read-only mount, or mode=ro in its URI)"
+}
+
+// fileURI is the URI of the file at path, without a query: a URI's path
+// takes "%" as an escape, and "?" and "#" as delimiters.
+func fileURI(path string) string {
+	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 }
 
 // code returns the primary SQLite result code of err, or 0.
@@ -162,23 +181,9 @@ func code(err error) int {
 // checkSchema compares the records' table with schema.sql's. A missing
 // table is an error unless missingOK (before Open creates it).
 func (s *Store) checkSchema(ctx context.Context, missingOK bool) error {
-	rows, err := s.db.QueryContext(ctx, "SELECT name, upper(type), \"notnull\", pk FROM pragma_table_xinfo(?)", s.cfg.table.name)
+	have, err := readColumns(ctx, s.db, s.cfg.table)
 	if err != nil {
-		return fmt.Errorf("sqlitestore: %s: read the columns of %s: %w", s.path, s.cfg.table.quoted, err)
-	}
-	defer rows.Close()
-	var have []column
-	for rows.Next() {
-		var c column
-		var notNull, pk int
-		if err := rows.Scan(&c.name, &c.typ, &notNull, &pk); err != nil {
-			return fmt.Errorf("sqlitestore: %s: read the columns of %s: %w", s.path, s.cfg.table.quoted, err)
-		}
-		c.notNull, c.pk = notNull != 0, pk != 0
-		have = append(have, c)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("sqlitestore: %s: read the columns of %s: %w", s.path, s.cfg.table.quoted, err)
+		return fmt.Errorf("sqlitestore: %s: %w", s.path, err)
 	}
 	switch {
 	case len(have) == 0 && missingOK:
@@ -186,16 +191,51 @@ func (s *Store) checkSchema(ctx context.Context, missingOK bool) error {
 	case len(have) == 0:
 		return fmt.Errorf("sqlitestore: %s: there is no table %s", s.path, s.cfg.table.quoted)
 	}
+	if !sameColumns(have) {
+		return fmt.Errorf("sqlitestore: %s: the table %s has the columns (%s), not sqlitestore's (%s): it is another table of that name; choose another name with WithTable",
+			s.path, s.cfg.table.quoted, joinColumns(have), joinColumns(columns))
+	}
+	return nil
+}
+
+// querier is what readColumns reads through: a *sql.DB or a *sql.Conn.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// readColumns returns the columns of the table t as PRAGMA table_xinfo
+// reports them: none when there is no such table.
+func readColumns(ctx context.Context, q querier, t table) ([]column, error) {
+	rows, err := q.QueryContext(ctx, "SELECT name, upper(type), \"notnull\", pk FROM pragma_table_xinfo(?)", t.name)
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", t.quoted, err)
+	}
+	defer rows.Close()
+	var have []column
+	for rows.Next() {
+		var c column
+		var notNull, pk int
+		if err := rows.Scan(&c.name, &c.typ, &notNull, &pk); err != nil {
+			return nil, fmt.Errorf("read the columns of %s: %w", t.quoted, err)
+		}
+		c.notNull, c.pk = notNull != 0, pk != 0
+		have = append(have, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", t.quoted, err)
+	}
+	return have, nil
+}
+
+// sameColumns reports whether have are schema.sql's columns, in any
+// order.
+func sameColumns(have []column) bool {
 	sortColumns := func(cs []column) []column {
 		cs = slices.Clone(cs)
 		slices.SortFunc(cs, func(a, b column) int { return strings.Compare(a.name, b.name) })
 		return cs
 	}
-	if !slices.Equal(sortColumns(have), sortColumns(columns)) {
-		return fmt.Errorf("sqlitestore: %s: the table %s has the columns (%s), not sqlitestore's (%s): it is another table of that name; choose another name with WithTable",
-			s.path, s.cfg.table.quoted, joinColumns(have), joinColumns(columns))
-	}
-	return nil
+	return slices.Equal(sortColumns(have), sortColumns(columns))
 }
 
 func joinColumns(cs []column) string {

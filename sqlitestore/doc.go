@@ -23,7 +23,10 @@
 // file or connection, a directory where SQLite cannot create the -wal and
 // -shm files), a journal that is not in WAL mode (a filesystem without
 // shared memory), and a table of that name with other columns. Store.Check
-// runs the same checks again, for a command-line check.
+// runs the same checks again. CheckFile judges a file from outside the
+// application (from a deployment pipeline, or idemctl check -sqlite),
+// item by item, in the Report of package servercheck/report: it never creates
+// the file and writes nothing to the database.
 //
 // # Records
 //
@@ -92,6 +95,19 @@
 // a handler that runs longer than its lease is not cancelled. Keep
 // transactional handlers short.
 //
+// # Outbox and state records
+//
+// The file holds the transactional outbox and state records too, through
+// packages outbox, outbox/relay and state, whose state machines are
+// written once (outbox/lifecycle, state) with a SQLite dialect where the
+// SQL differs. Open creates their tables (OutboxSchema, StateSchema). On a
+// transactional route, outbox.Enqueue and outbox.Cancel write in the
+// request's transaction (HandlerTx.Outbox), as a state Transition does
+// (Store.States); Store.Relay publishes the messages, woken in the process
+// when a transaction commits some, and polling for those of other
+// processes. Store.OutboxDB gives the file to the outbox's edges, each
+// writing statement in the Store's write turn.
+//
 // # Durability
 //
 // With synchronous=FULL in WAL mode, SQLite syncs the WAL to disk at every
@@ -99,6 +115,16 @@
 // transactional route, the handler's writes with it) survives a crash of
 // the process, of the operating system, or a power loss, on storage that
 // honours its syncs.
+//
+// So every acquire that writes (a new key, a steal) waits for the disk,
+// and on a busy disk one sync can take hundreds of milliseconds. The
+// middleware refuses a lease whose acquire took more than half of it:
+// it releases the record unused and answers 503 store_unavailable ("the
+// idempotency store answered too slowly"), and its event says how long
+// the acquire took. A lease of seconds (the middleware's default is 10s)
+// leaves room for a slow sync; a lease under a second may see such 503s
+// on a loaded machine. The record released, the client's retry acquires
+// the key afresh.
 //
 // # Purge
 //

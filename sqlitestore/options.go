@@ -10,6 +10,7 @@ type Option func(*config)
 
 type config struct {
 	table         table
+	outbox        table
 	busyTimeout   time.Duration
 	pollInterval  time.Duration
 	purgeInterval time.Duration
@@ -25,6 +26,7 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		table:       mustTable(DefaultTable),
+		outbox:      mustTable(DefaultOutboxTable),
 		busyTimeout: 5 * time.Second,
 		purgeBatch:  1000,
 		clock:       time.Now,
@@ -52,6 +54,18 @@ func newConfig(opts []Option) config {
 func WithTable(name string) Option {
 	t := mustTable(name)
 	return func(c *config) { c.table = t }
+}
+
+// WithOutboxTable sets the outbox table (see package outbox): where
+// outbox.Enqueue writes in the Store's transactional routes, and that
+// Store.Relay publishes. The name follows WithTable's rules; Open creates
+// the table (OutboxSchema) when it does not exist. It panics on any other
+// name.
+//
+// Default: DefaultOutboxTable ("idempotency_outbox").
+func WithOutboxTable(name string) Option {
+	t := mustTable(name)
+	return func(c *config) { c.outbox = t }
 }
 
 // WithBusyTimeout sets how long a connection waits for the file's write

@@ -303,6 +303,14 @@ func (r *rig) awaitEvent(p *childproc.Process, d time.Duration, parts ...string)
 // (saying it wanted what) when p exits or d passes first.
 func (r *rig) awaitMatch(p *childproc.Process, kind, what string, match func(string) bool, d time.Duration) childproc.Line {
 	r.t.Helper()
+	l, _, _ := r.awaitOrReply(p, kind, what, match, d, nil)
+	return l
+}
+
+// awaitOrReply is awaitMatch that also returns, with ok false, the reply
+// that comes on replies first (a nil replies never comes).
+func (r *rig) awaitOrReply(p *childproc.Process, kind, what string, match func(string) bool, d time.Duration, replies <-chan reply) (_ childproc.Line, _ reply, ok bool) {
+	r.t.Helper()
 	deadline := time.After(d)
 	exited := false
 	for {
@@ -310,13 +318,15 @@ func (r *rig) awaitMatch(p *childproc.Process, kind, what string, match func(str
 		for i, l := range r.pending {
 			if l.From == p && l.Kind == kind && match(l.Text) {
 				r.pending = slices.Delete(r.pending, i, i+1)
-				return l
+				return l, reply{}, true
 			}
 		}
 		if exited {
 			r.t.Fatalf("%s exited without reporting %s %s", p.Name, kind, what)
 		}
 		select {
+		case a := <-replies:
+			return childproc.Line{}, a, false
 		case <-r.lines.Notify:
 		case <-p.Exited():
 			exited = true // its last lines are in: look once more
@@ -438,6 +448,31 @@ func (r *rig) record(key string) (string, int64) {
 		r.t.Fatal(err)
 	}
 	return state, epoch
+}
+
+// leaseEnd returns when the lease of key's record runs out, by the
+// file's lease_until (unix microseconds of the machine's clock).
+func (r *rig) leaseEnd(key string) time.Time {
+	r.t.Helper()
+	var until int64
+	if err := r.store.DB().QueryRow(`SELECT lease_until FROM `+sqlitestore.DefaultTable+` WHERE key = ?`,
+		idempotency.StorageKey("", key)).Scan(&until); err != nil {
+		r.t.Fatal(err)
+	}
+	return time.UnixMicro(until)
+}
+
+// holdWriteLock takes the file's write lock (BEGIN IMMEDIATE) in the
+// parent and gives it back after d, as another process's writer would
+// whose commit waits that long for the disk: the servers' writes wait for
+// it (in SQLite's busy handler) meanwhile.
+func (r *rig) holdWriteLock(d time.Duration) {
+	r.t.Helper()
+	tx, err := r.store.DB().Begin()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	time.AfterFunc(d, func() { tx.Rollback() })
 }
 
 // wantReply fails the test unless a has status, the problem code code

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
@@ -49,7 +50,7 @@ func (s *Store) BeginTx(ctx context.Context, key, token string) (idempotency.Tx,
 		s.give()
 		return nil, opError("begin", key, err)
 	}
-	t := &Tx{s: s, conn: conn, tx: tx, key: key, token: token, handle: &HandlerTx{tx: tx}}
+	t := &Tx{s: s, conn: conn, tx: tx, key: key, token: token, handle: &HandlerTx{tx: tx, s: s}}
 	s.txMu.Lock()
 	s.txs[key] = t
 	s.txMu.Unlock()
@@ -115,7 +116,7 @@ func (t *Tx) Complete(ctx context.Context, resp *idempotency.Response, ttl time.
 	// the fence judges. The read tells a row that is not a record, which
 	// the fence alone could match.
 	now := t.s.now()
-	r, err := scanRecord(t.tx.QueryRowContext(ctx, t.s.sql.read, t.key))
+	r, err := t.s.readIn(ctx, t.tx, t.key)
 	switch {
 	case err != nil:
 	case !r.held(t.token, now):
@@ -171,6 +172,9 @@ func (t *Tx) endLocked(commit bool) error {
 	t.s.txMu.Unlock()
 	t.conn.Close()
 	t.s.give()
+	if commit && err == nil && t.handle.wroteOutbox.Load() {
+		t.s.committedOutbox()
+	}
 	return err
 }
 
@@ -195,6 +199,10 @@ func (t *Tx) extend(ctx context.Context, token string, lease time.Duration) (ran
 // transaction either (COMMIT, END, ROLLBACK without TO).
 type HandlerTx struct {
 	tx *sql.Tx
+	s  *Store
+	// wroteOutbox is set once Outbox was called: the commit wakes the
+	// Store's relays.
+	wroteOutbox atomic.Bool
 }
 
 // ExecContext runs a statement that returns no rows in the transaction.

@@ -30,7 +30,7 @@ func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, func(),
 	}
 	w := &waiter{ch: make(chan struct{})}
 	if s.cfg.pollInterval > 0 {
-		r, err := scanRecord(s.read.QueryRowContext(ctx, key))
+		r, err := scanRecord(s.stmt.read.QueryRowContext(ctx, key))
 		if err != nil && !isCorrupt(err) {
 			return nil, nil, opError("watch", key, err)
 		}
@@ -192,7 +192,7 @@ func (s *Store) poll(keys []string) {
 	if err != nil {
 		return
 	}
-	rows, err := s.db.QueryContext(ctx, s.sql.poll, string(list))
+	rows, err := s.stmt.poll.QueryContext(ctx, string(list))
 	if err != nil {
 		return
 	}

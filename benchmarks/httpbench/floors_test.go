@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/go-idempotency/idempotency/benchmarks/internal/sqlitefloor"
 	"github.com/go-idempotency/idempotency/benchmarks/load"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/sqlitestore"
@@ -240,75 +241,24 @@ func (f *pgFloor) inTx(before func(*http.Request) error, then func(*http.Request
 	})
 }
 
-// sqliteFloor holds the record floors of SQLite: plain statements on a
-// file of its own opened by sqlitestore.Open, so with the store's settings
-// (WAL, synchronous=FULL, BEGIN IMMEDIATE) and its table (the same columns
-// and indexes), times in unix microseconds from Go's clock as the store
-// computes them. Its writes take turns under a lock, as the store's
-// writers do, rather than in SQLite's busy handler.
+// sqliteFloor is the record floor of SQLite over HTTP: the statements of
+// internal/sqlitefloor, prepared once, on a file of its own opened by
+// sqlitestore.Open, so with the store's settings and table.
 type sqliteFloor struct {
-	db      *sql.DB
-	read    *sql.Stmt
+	*sqlitefloor.Floor
 	payload []byte
-	tokens  atomic.Int64
-	writer  sync.Mutex
 }
 
-// The SQLite floor's statements on the store's default table.
-const (
-	sqliteReadSQL = `SELECT status, headers, body FROM idempotency_records WHERE key = ?1`
-	sqliteNewSQL  = `INSERT INTO idempotency_records (key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, updated_at)
-VALUES (?1, 'in_progress', ?2, ?3, 1, ?4, ?5, max(?4, ?5), ?6)`
-	sqliteDoneSQL = `UPDATE idempotency_records SET state = 'complete', status = ?2, headers = ?3, body = ?4, body_omitted = 0,
-	ttl_until = ?5, expires_at = ?5, updated_at = ?6 WHERE key = ?1`
-	sqlitePaymentsSQL = `CREATE TABLE payments (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL, amount INTEGER NOT NULL)`
-	sqlitePaymentSQL  = `INSERT INTO payments (idem_key, amount) VALUES (?1, ?2)`
-)
-
 // newSQLiteFloor makes the payments' table in the file of db, the floor's
-// own (the records' table is sqlitestore.Open's).
+// own (the records' table is sqlitestore.Open's), and prepares the floor's
+// statements.
 func newSQLiteFloor(db *sql.DB, payload []byte) (*sqliteFloor, error) {
-	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, sqlitePaymentsSQL); err != nil {
-		return nil, err
-	}
-	read, err := db.PrepareContext(ctx, sqliteReadSQL)
+	f, err := sqlitefloor.New(context.Background(), db, sqlitefloor.Record{
+		Fingerprint: fingerprint, Header: headerBlock, Body: payload, Lease: time.Minute, TTL: ttl})
 	if err != nil {
 		return nil, err
 	}
-	return &sqliteFloor{db: db, read: read, payload: payload}, nil
-}
-
-// sqlExecer is a *sql.DB or a *sql.Tx.
-type sqlExecer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// create inserts key's in-progress row, a write transaction of its own in
-// the floor's turn.
-func (f *sqliteFloor) create(ctx context.Context, key string) error {
-	f.writer.Lock()
-	defer f.writer.Unlock()
-	now := time.Now()
-	_, err := f.db.ExecContext(ctx, sqliteNewSQL, key, strconv.FormatInt(f.tokens.Add(1), 16), fingerprint,
-		now.Add(time.Minute).UnixMicro(), now.Add(ttl).UnixMicro(), now.UnixMicro())
-	return err
-}
-
-// store stores the response in key's row, a write transaction of its own
-// in the floor's turn.
-func (f *sqliteFloor) store(ctx context.Context, key string) error {
-	f.writer.Lock()
-	defer f.writer.Unlock()
-	return f.complete(ctx, f.db, key)
-}
-
-// complete stores the response in key's row through q; the caller holds
-// the floor's turn.
-func (f *sqliteFloor) complete(ctx context.Context, q sqlExecer, key string) error {
-	now := time.Now()
-	_, err := q.ExecContext(ctx, sqliteDoneSQL, key, http.StatusCreated, headerBlock, f.payload, now.Add(ttl).UnixMicro(), now.UnixMicro())
-	return err
+	return &sqliteFloor{Floor: f, payload: payload}, nil
 }
 
 // handler is the floor of replays and first executions: one SELECT by
@@ -319,22 +269,21 @@ func (f *sqliteFloor) handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		if dup(r) {
-			var status int
-			var header, body []byte
-			if err := f.read.QueryRowContext(r.Context(), key).Scan(&status, &header, &body); err != nil {
+			body, err := f.Read(r.Context(), key)
+			if err != nil {
 				unavailable(w, err)
 				return
 			}
 			answer(w, body)
 			return
 		}
-		if err := f.create(r.Context(), key); err != nil {
+		if err := f.Create(r.Context(), key); err != nil {
 			unavailable(w, err)
 			return
 		}
 		next.ServeHTTP(w, r)
 		_ = http.NewResponseController(w).Flush()
-		_ = f.store(r.Context(), key)
+		_ = f.Store(r.Context(), key)
 	})
 }
 
@@ -347,36 +296,16 @@ func (f *sqliteFloor) txHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = dup(r)
 		key := r.Header.Get("Idempotency-Key")
-		if err := f.create(r.Context(), key); err != nil {
+		if err := f.Create(r.Context(), key); err != nil {
 			unavailable(w, err)
 			return
 		}
-		if err := f.inTx(r.Context(), func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(r.Context(), sqlitePaymentSQL, key, len(reqBody)); err != nil {
-				return err
-			}
-			return f.complete(r.Context(), tx, key)
-		}); err != nil {
+		if err := f.StoreWithPayment(r.Context(), key, len(reqBody)); err != nil {
 			unavailable(w, err)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// inTx runs fn in a write transaction of its own, in the floor's turn.
-func (f *sqliteFloor) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
-	f.writer.Lock()
-	defer f.writer.Unlock()
-	tx, err := f.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
 
 // sqlitePayHandler is the handler of SQLite's transactional route: it
@@ -389,7 +318,7 @@ func sqlitePayHandler(payload []byte) http.Handler {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
 		}
-		if _, err := tx.ExecContext(r.Context(), sqlitePaymentSQL, r.Header.Get("Idempotency-Key"), len(reqBody)); err != nil {
+		if _, err := tx.ExecContext(r.Context(), sqlitefloor.PaymentSQL, r.Header.Get("Idempotency-Key"), len(reqBody)); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}

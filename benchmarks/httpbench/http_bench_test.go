@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/benchmarks/internal/sqlitefloor"
 	"github.com/go-idempotency/idempotency/benchmarks/load"
 	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/internal/redistest"
@@ -317,7 +318,7 @@ func BenchmarkHTTP(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { ss.Close() })
-		if _, err := ss.DB().Exec(sqlitePaymentsSQL); err != nil {
+		if _, err := ss.DB().Exec(sqlitefloor.PaymentsSQL); err != nil {
 			b.Fatal(err)
 		}
 		// The floor's file has the store's settings and table: Open makes
@@ -331,6 +332,7 @@ func BenchmarkHTTP(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		b.Cleanup(f.Close)
 		mw := newSide(b, "mw", serve(b, idempotency.New(ss, idempotency.WithTTL(ttl))(load.Handler(payload))), true)
 		floor := newSide(b, "floor", serve(b, f.handler()), false)
 		txMW := newSide(b, "mw", serve(b, idempotency.New(ss, idempotency.WithTTL(ttl), idempotency.WithTransaction(true))(sqlitePayHandler(payload))), true)
