@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,12 +17,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/outbox"
-	"github.com/go-idempotency/idempotency/pgstore"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/state"
 )
 
@@ -34,49 +31,45 @@ type payment struct {
 	Amount   int64     `json:"amount"`
 	Currency string    `json:"currency"`
 	Created  time.Time `json:"created"`
-	// Status is, in PostgreSQL mode, authorized (its capture scheduled),
-	// captured or canceled; in SQLite mode, captured.
+	// Status is, in PostgreSQL and SQLite modes, authorized (its capture
+	// scheduled), captured or canceled.
 	Status string `json:"status,omitempty"`
 	// CaptureAt is when an authorized payment is to be captured, or when a
 	// captured one was.
 	CaptureAt *time.Time `json:"capture_at,omitempty"`
-	// State and Version are, in PostgreSQL mode, those of the payment's
-	// state record (see states.go): the version is what a client sends
-	// back as If-Match to capture or cancel the payment as it saw it.
+	// State and Version are, in PostgreSQL and SQLite modes, those of the
+	// payment's state record (see states.go): the version is what a client
+	// sends back as If-Match to capture or cancel the payment as it saw it.
 	State   string `json:"state,omitempty"`
 	Version int64  `json:"version,omitempty"`
 }
 
 // api serves the payments. Without a database it keeps them in memory;
 // with one (PostgreSQL or SQLite mode) each payment is a row of the
-// payments table, written in the request's transaction.
+// payments table and a state record, written in the request's
+// transaction.
 type api struct {
-	store  idempotency.Store
-	db     *pgxpool.Pool // PostgreSQL mode; nil otherwise
-	sqlite *sql.DB       // SQLite mode: the file of the sqlitestore.Store; nil otherwise
-	states *state.Store  // PostgreSQL mode: the payments' state records
-	logger *slog.Logger
+	store    idempotency.Store
+	payments *paymentsTable // PostgreSQL and SQLite modes; nil otherwise
+	states   *state.Store   // PostgreSQL and SQLite modes: the payments' state records
+	logger   *slog.Logger
 	// events, in PostgreSQL mode, makes each payment enqueue a
 	// payment.created message in its transaction.
 	events bool
-	// captureAfter, in PostgreSQL mode, makes each payment authorized, its
-	// capture scheduled that long after it (see captures.go); 0 captures
-	// it as it is made.
+	// captureAfter, in PostgreSQL and SQLite modes, makes each payment
+	// authorized, its capture scheduled that long after it (see
+	// captures.go); 0 captures it as it is made.
 	captureAfter time.Duration
 
 	mu       sync.Mutex
-	payments map[string]payment // in memory
+	inMemory map[string]payment // in memory
 	executed atomic.Int64       // in memory: payments made
 }
 
-// newAPI returns the API over store; db, when not nil, is the database of
-// a pgstore.Store, which then also holds the payments.
-func newAPI(store idempotency.Store, db *pgxpool.Pool, logger *slog.Logger) *api {
-	a := &api{store: store, db: db, logger: logger, payments: map[string]payment{}}
-	if db != nil {
-		a.states = state.New(db)
-	}
-	return a
+// newAPI returns the API over b's store and, in PostgreSQL and SQLite
+// modes, its payments table and state records.
+func newAPI(b *backend, logger *slog.Logger) *api {
+	return &api{store: b.store, payments: b.payments, states: b.states, logger: logger, inMemory: map[string]payment{}}
 }
 
 func (a *api) routes() http.Handler {
@@ -99,21 +92,16 @@ func (a *api) routes() http.Handler {
 			idempotency.WithRoute(func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() }),
 		}
 		create := a.createPayment
-		switch {
-		case a.db != nil:
-			// The payment's row and the key's record commit together, in
-			// the request's transaction.
+		if a.payments != nil {
+			// The payment's row, its state record and its scheduled
+			// capture commit together with the key's record, in the
+			// request's transaction.
 			opts = append(opts, idempotency.WithTransaction(true))
 			create = a.createPaymentTx
-		case a.sqlite != nil:
-			// The same in the SQLite file: the row and the record commit
-			// together.
-			opts = append(opts, idempotency.WithTransaction(true))
-			create = a.createPaymentSQLite
 		}
 		idem := idempotency.New(a.store, opts...)
 		r.With(idem).Post("/payments", create)
-		if a.db != nil && a.captureAfter > 0 {
+		if a.payments != nil && a.captureAfter > 0 {
 			// A capture's or a cancel's writes (the state record's
 			// transition and its event, the payment's row, the capture
 			// message's cancel) commit together, in its transaction.
@@ -187,25 +175,24 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = rand.Read(id[:])
 	p.ID, p.Created = "pay_"+hex.EncodeToString(id[:]), time.Now().UTC()
 	a.mu.Lock()
-	a.payments[p.ID] = p
+	a.inMemory[p.ID] = p
 	a.mu.Unlock()
 	w.Header().Set("Location", "/payments/"+p.ID)
 	writeJSON(w, http.StatusCreated, p)
 }
 
-// createPaymentTx makes a payment in PostgreSQL mode: it inserts the row
-// in the request's transaction, which the middleware commits together
-// with the key's record once the handler has answered. The provider is
-// called after the INSERT: when it fails, the 5xx rolls the transaction
-// back, row included.
+// createPaymentTx makes a payment in PostgreSQL and SQLite modes: it
+// inserts the row in the request's transaction, which the middleware
+// commits together with the key's record once the handler has answered.
+// The provider is called after the INSERT: when it fails, the 5xx rolls
+// the transaction back, row included.
 func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 	p, ok := readPayment(w, r)
 	if !ok {
 		return
 	}
 	info, _ := idempotency.FromContext(r.Context())
-	tx, ok := requestTx(w, r, a)
-	if !ok {
+	if !a.inTransaction(w, r) {
 		return
 	}
 	// With scheduled captures the payment is authorized now and captured
@@ -215,11 +202,7 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 		at := time.Now().Add(a.captureAfter)
 		p.Status, p.CaptureAt = stateAuthorized, &at
 	}
-	var id int64
-	err := tx.QueryRow(r.Context(),
-		`INSERT INTO payments (user_name, idempotency_key, amount, currency, status, capture_at)
-		VALUES ($1, $2, $3, $4, $5, coalesce($6, now())) RETURNING id, created, capture_at`,
-		p.User, info.Key, p.Amount, p.Currency, p.Status, p.CaptureAt).Scan(&id, &p.Created, &p.CaptureAt)
+	p, id, err := a.payments.insert(r.Context(), p, info.Key)
 	if err != nil {
 		a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("inserting a payment: %w", err))
 		return
@@ -227,7 +210,7 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 	// The payment's state record, at its status (authorized, or captured
 	// without scheduled captures), in the same transaction: a payment
 	// whose provider fails leaves neither.
-	rec, err := a.states.Create(r.Context(), paymentRef(p.User, paymentID(id)), p.Status, recordData(p))
+	rec, err := a.states.Create(r.Context(), paymentRef(p.User, p.ID), p.Status, recordData(p))
 	if err != nil {
 		a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("creating a payment's state record: %w", err))
 		return
@@ -236,7 +219,6 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 	if !a.charge(w, r) {
 		return
 	}
-	p.ID, p.Created, p.CaptureAt = paymentID(id), p.Created.UTC(), utc(p.CaptureAt)
 	if a.events {
 		if err := enqueueCreated(r.Context(), p); err != nil {
 			a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("enqueueing payment.created: %w", err))
@@ -244,7 +226,7 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if p.Status == stateAuthorized {
-		if err := scheduleCapture(r.Context(), tx, id, *p.CaptureAt); err != nil {
+		if err := scheduleCapture(r.Context(), a.payments, id, *p.CaptureAt); err != nil {
 			a.serverError(w, r, http.StatusInternalServerError, "payment not recorded", fmt.Errorf("scheduling the capture: %w", err))
 			return
 		}
@@ -253,15 +235,16 @@ func (a *api) createPaymentTx(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, p)
 }
 
-// requestTx returns the request's transaction, or answers 500: the route
-// has none without idempotency.WithTransaction(true) on a pgstore.Store.
-func requestTx(w http.ResponseWriter, r *http.Request, a *api) (pgx.Tx, bool) {
-	tx, ok := pgstore.TxFromContext(r.Context())
-	if !ok {
-		a.serverError(w, r, http.StatusInternalServerError, "no transaction",
-			errors.New("the route has no transaction: its middleware needs idempotency.WithTransaction(true) on a pgstore.Store"))
+// inTransaction reports whether the request has its transaction, in
+// which the payments table and the state records write, or else answers
+// 500: the route has none without idempotency.WithTransaction(true) on a
+// pgstore.Store or a sqlitestore.Store.
+func (a *api) inTransaction(w http.ResponseWriter, r *http.Request) bool {
+	if _, ok := a.payments.tx(r.Context()); ok {
+		return true
 	}
-	return tx, ok
+	a.serverError(w, r, http.StatusInternalServerError, "no transaction", errNoTransaction)
+	return false
 }
 
 // utc returns t in UTC, nil for nil.
@@ -320,27 +303,21 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 // lookup returns the payment called id, from memory or, in PostgreSQL
-// and SQLite modes, from its row.
+// and SQLite modes, from its row, with its state record's state and
+// version.
 func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
-	if a.db == nil && a.sqlite == nil {
+	if a.payments == nil {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		p, ok := a.payments[id]
+		p, ok := a.inMemory[id]
 		return p, ok, nil
 	}
 	n, ok := parsePaymentID(id)
 	if !ok {
 		return payment{}, false, nil
 	}
-	if a.sqlite != nil {
-		p, err := readPaymentSQLite(ctx, a.sqlite, n)
-		if errors.Is(err, sql.ErrNoRows) {
-			return payment{}, false, nil
-		}
-		return p, err == nil, err
-	}
-	p, err := readPaymentRow(ctx, a.db, n)
-	if errors.Is(err, pgx.ErrNoRows) {
+	p, err := a.payments.read(ctx, n)
+	if errors.Is(err, lifecycle.ErrNoRows) {
 		return payment{}, false, nil
 	}
 	if err != nil {
@@ -357,27 +334,14 @@ func (a *api) lookup(ctx context.Context, id string) (payment, bool, error) {
 	return p, true, nil
 }
 
-// readPaymentRow reads the payments row id on db. The error wraps
-// pgx.ErrNoRows when there is no such row.
-func readPaymentRow(ctx context.Context, db *pgxpool.Pool, id int64) (payment, error) {
-	p := payment{ID: paymentID(id)}
-	err := db.QueryRow(ctx, `SELECT user_name, amount, currency, created, status, capture_at FROM payments WHERE id = $1`, id).
-		Scan(&p.User, &p.Amount, &p.Currency, &p.Created, &p.Status, &p.CaptureAt)
-	p.Created, p.CaptureAt = p.Created.UTC(), utc(p.CaptureAt)
-	return p, err
-}
-
 // stats answers how many payments were made: in PostgreSQL and SQLite
 // modes the rows of the payments table, which a transaction rolled back
 // did not add.
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	n := a.executed.Load()
 	var err error
-	switch {
-	case a.db != nil:
-		err = a.db.QueryRow(r.Context(), `SELECT count(*) FROM payments`).Scan(&n)
-	case a.sqlite != nil:
-		err = a.sqlite.QueryRowContext(r.Context(), `SELECT count(*) FROM payments`).Scan(&n)
+	if a.payments != nil {
+		n, err = a.payments.count(r.Context())
 	}
 	if err != nil {
 		a.serverError(w, r, http.StatusInternalServerError, "payments not countable", fmt.Errorf("counting payments: %w", err))

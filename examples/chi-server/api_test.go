@@ -29,7 +29,7 @@ type client struct {
 func newMemClient(t *testing.T) client {
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
-	srv := httptest.NewServer(newAPI(store, nil, slog.New(slog.DiscardHandler)).routes())
+	srv := httptest.NewServer(newAPI(&backend{store: store}, slog.New(slog.DiscardHandler)).routes())
 	t.Cleanup(srv.Close)
 	return client{t, srv.URL}
 }

@@ -8,41 +8,38 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/outbox/local"
 	"github.com/go-idempotency/idempotency/outbox/relay"
-	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/state"
 )
 
-// Delayed captures, in PostgreSQL mode: a payment is authorized, and its
-// capture is an outbox message scheduled for later (NotBefore), enqueued
-// in the payment's transaction. The server's own relay runs it when it
-// falls due, as a local run (outbox/local): the capture's transition of
-// the payment's state record (states.go), its UPDATE and the message's
-// done mark commit in one transaction, once. Until then
-// POST /payments/{id}/capture captures the payment now and
+// Delayed captures, in PostgreSQL and SQLite modes: a payment is
+// authorized, and its capture is an outbox message scheduled for later
+// (NotBefore), enqueued in the payment's transaction. The server's own
+// relay runs it when it falls due, as a local run (outbox/local): the
+// capture's transition of the payment's state record (states.go), its
+// UPDATE and the message's done mark commit in one transaction, once.
+// Until then POST /payments/{id}/capture captures the payment now and
 // POST /payments/{id}/cancel cancels it, each also canceling the message
 // (outbox.Cancel) in its transaction.
 //
 // A relay serves every message of its outbox table, whatever its topic:
-// with NATS_URL the outbox is natsrelay's, and payments are captured as
-// they are made instead. The state records' events share the table too:
-// a transactional route writes them, as its other messages, to its
-// store's outbox.
+// with NATS_URL in PostgreSQL mode the outbox is natsrelay's, and
+// payments are captured as they are made instead. The state records'
+// events share the table too: a transactional route writes them, as its
+// other messages, to its store's outbox.
 
 // topicCapture is the topic of a payment's scheduled capture; its payload
 // is the payment's row id.
 const topicCapture = "payments.capture"
 
 // scheduleCapture enqueues the capture of the payment id, due at at, in
-// the request's transaction tx, and keeps the message's ID with the
-// payment, for its cancel.
-func scheduleCapture(ctx context.Context, tx pgx.Tx, id int64, at time.Time) error {
+// the request's transaction, and keeps the message's ID with the payment
+// in payments, for its cancel.
+func scheduleCapture(ctx context.Context, payments *paymentsTable, id int64, at time.Time) error {
 	ids, err := outbox.Enqueue(ctx, outbox.Message{
 		Topic:     topicCapture,
 		Payload:   []byte(strconv.FormatInt(id, 10)),
@@ -51,8 +48,7 @@ func scheduleCapture(ctx context.Context, tx pgx.Tx, id int64, at time.Time) err
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `UPDATE payments SET capture_id = $1 WHERE id = $2`, ids[0], id)
-	return err
+	return payments.schedule(ctx, id, ids[0])
 }
 
 // capture returns the work of a payments.capture message: it moves the
@@ -70,22 +66,20 @@ func scheduleCapture(ctx context.Context, tx pgx.Tx, id int64, at time.Time) err
 // a run that raced it finds its done mark refused, and commits nothing.)
 // The transition locks the record before the row is written, as the
 // routes do.
-func capture(states *state.Store, logger *slog.Logger) local.Func {
+func capture(payments *paymentsTable, states *state.Store, logger *slog.Logger) local.Func {
 	return func(ctx context.Context, e outbox.Envelope) error {
 		id, err := strconv.ParseInt(string(e.Payload), 10, 64)
 		if err != nil {
 			return outbox.Permanent(fmt.Errorf("capture %s: the payload %q is not a payment's id", e.ID, e.Payload))
 		}
-		tx, _ := pgstore.TxFromContext(ctx) // a local run always has one
-		var owner string
-		err = tx.QueryRow(ctx, `SELECT user_name FROM payments WHERE id = $1`, id).Scan(&owner)
-		if errors.Is(err, pgx.ErrNoRows) {
+		p, err := payments.read(ctx, id) // in the local run's transaction
+		if errors.Is(err, lifecycle.ErrNoRows) {
 			return outbox.Permanent(fmt.Errorf("capture %s: no payment %s", e.ID, paymentID(id)))
 		}
 		if err != nil {
 			return err
 		}
-		ref := paymentRef(owner, paymentID(id))
+		ref := paymentRef(p.User, p.ID)
 		rec, err := states.Get(ctx, ref) // no record is refused for good: the error wraps ErrPermanent
 		if err != nil {
 			return err
@@ -99,23 +93,21 @@ func capture(states *state.Store, logger *slog.Logger) local.Func {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE payments SET status = 'captured', capture_at = now() WHERE id = $1`, id)
+		_, _, err = payments.settle(ctx, id, stateCaptured)
 		return err
 	}
 }
 
-// newCaptureRelay returns the relay of the outbox of the database pool
-// connects to, the server's only one: it runs the captures scheduled
-// there, a local run of capture on a transactional Runner over store,
-// which must be the pgstore.Store of that database; and it logs the
-// payments' state events, standing for their subscribers (this mode has
-// no broker), a payment's in version order. opts adds to the relay's
-// options.
-func newCaptureRelay(pool *pgxpool.Pool, store idempotency.Store, logger *slog.Logger, opts ...relay.Option) *relay.Relay {
-	runner := idempotency.NewRunner(store, idempotency.WithTransaction(true), idempotency.WithLogger(logger))
-	states := state.New(pool)
-	captures := local.Sink(runner, capture(states, logger))
-	events := states.Topic(machinePayment)
+// newCaptureRelay returns the relay of the outbox of b's database (a
+// PostgreSQL database or a SQLite file), the server's only one: it runs
+// the captures scheduled there, a local run of capture on a transactional
+// Runner over b's store; and it logs the payments' state events, standing
+// for their subscribers (this mode has no broker), a payment's in version
+// order. opts adds to the relay's options.
+func newCaptureRelay(b *backend, logger *slog.Logger, opts ...relay.Option) *relay.Relay {
+	runner := idempotency.NewRunner(b.store, idempotency.WithTransaction(true), idempotency.WithLogger(logger))
+	captures := local.Sink(runner, capture(b.payments, b.states, logger))
+	events := b.states.Topic(machinePayment)
 	sink := outbox.SinkFunc(func(ctx context.Context, e outbox.Envelope) error {
 		switch e.Topic {
 		case topicCapture:
@@ -127,5 +119,5 @@ func newCaptureRelay(pool *pgxpool.Pool, store idempotency.Store, logger *slog.L
 		return outbox.Permanent(fmt.Errorf("message %s: no work for its topic %q", e.ID, e.Topic))
 	})
 	opts = append([]relay.Option{relay.WithName("chi-server"), relay.WithLogger(logger)}, opts...)
-	return relay.New(pool, sink, opts...)
+	return b.relay(sink, opts...)
 }

@@ -17,33 +17,98 @@ import (
 	"github.com/go-idempotency/idempotency/outbox/relay"
 )
 
-// captures is the API in PostgreSQL mode with scheduled captures, and the
-// relay that runs them, as main runs them with DATABASE_URL.
-type captures struct {
-	client
-	b *backend
-	// published counts the captures the relay ran (not the state events
-	// it logged).
-	mu        sync.Mutex
-	published int
-	changed   chan struct{}
-}
+// The scheduled captures and the state records run the same in
+// PostgreSQL and SQLite modes: each test of both is a function of the
+// mode's backend, run by a TestPostgres… here and a TestSQLite… in
+// sqlite_test.go.
 
-// serveCaptures serves the API on a database of its own with captures
-// after after, and runs the relay of the captures, until t ends.
-func serveCaptures(t *testing.T, after time.Duration) *captures {
+// opener opens the backend of a database mode for a test.
+type opener func(t *testing.T) *backend
+
+// postgresMode opens the PostgreSQL mode on a database of the test's own,
+// as main does with DATABASE_URL.
+func postgresMode(t *testing.T) *backend {
 	t.Helper()
 	b, err := openBackend(context.Background(), "", pgtest.Database(t), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+// captureWatch counts the captures a relay ran, from its events (not the
+// state events it logged), and fails the test on an error, a fence or a
+// retry of the relay.
+type captureWatch struct {
+	test      *testing.T
+	mu        sync.Mutex
+	published int
+	changed   chan struct{}
+}
+
+func newCaptureWatch(t *testing.T) *captureWatch {
+	return &captureWatch{test: t, changed: make(chan struct{})}
+}
+
+// observe is the relay's observer (relay.WithObserver).
+func (w *captureWatch) observe(_ context.Context, e relay.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.Kind == relay.EventPublished && e.Topic == topicCapture {
+		w.published++
+	}
+	if e.Kind == relay.EventError || e.Kind == relay.EventFenced || e.Kind == relay.EventRetried {
+		w.test.Errorf("relay event %v: %+v", e.Kind, e)
+	}
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// captured returns how many captures the relay ran.
+func (w *captureWatch) captured() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.published
+}
+
+// awaitCaptured waits until the relay ran n captures, for at most d.
+func (w *captureWatch) awaitCaptured(n int, d time.Duration) {
+	w.test.Helper()
+	deadline := time.After(d)
+	for {
+		w.mu.Lock()
+		got, changed := w.published, w.changed
+		w.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			w.test.Fatalf("%d captures ran, want %d within %v", got, n, d)
+		}
+	}
+}
+
+// captures is the API with scheduled captures on a backend, and the relay
+// that runs them, as main runs them.
+type captures struct {
+	client
+	*captureWatch
+	b *backend
+}
+
+// serveCaptures serves the API on b with captures after after, and runs
+// the relay of the captures, until t ends; then it closes b.
+func serveCaptures(t *testing.T, b *backend, after time.Duration) *captures {
+	t.Helper()
 	t.Cleanup(b.close)
-	api := newAPI(b.store, b.db, slog.New(slog.DiscardHandler))
+	api := newAPI(b, slog.New(slog.DiscardHandler))
 	api.captureAfter = after
 	srv := httptest.NewServer(api.routes())
 	t.Cleanup(srv.Close)
-	c := &captures{client: client{t, srv.URL}, b: b, changed: make(chan struct{})}
-	r := newCaptureRelay(b.db, b.store, slog.New(slog.DiscardHandler), relay.WithObserver(c.observe), relay.WithPollInterval(50*time.Millisecond))
+	c := &captures{client: client{t, srv.URL}, captureWatch: newCaptureWatch(t), b: b}
+	r := newCaptureRelay(b, slog.New(slog.DiscardHandler), relay.WithObserver(c.observe), relay.WithPollInterval(50*time.Millisecond))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -56,36 +121,44 @@ func serveCaptures(t *testing.T, after time.Duration) *captures {
 	return c
 }
 
-func (c *captures) observe(_ context.Context, e relay.Event) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e.Kind == relay.EventPublished && e.Topic == topicCapture {
-		c.published++
+// queryRow runs query on b's database and reads its first row into dst.
+// Its parameters are $1, $2…, which PostgreSQL and SQLite both take; its
+// times are read, and bound, as the outbox's edges do (lifecycle.DB).
+func queryRow(t *testing.T, b *backend, query string, args []any, dst ...any) {
+	t.Helper()
+	if err := lifecycle.QueryRow(context.Background(), b.payments.db, query, args, dst...); err != nil {
+		t.Fatalf("%s: %v", query, err)
 	}
-	if e.Kind == relay.EventError || e.Kind == relay.EventFenced || e.Kind == relay.EventRetried {
-		c.t.Errorf("relay event %v: %+v", e.Kind, e)
-	}
-	close(c.changed)
-	c.changed = make(chan struct{})
 }
 
-// awaitCaptured waits until the relay ran n captures, for at most d.
-func (c *captures) awaitCaptured(n int, d time.Duration) {
-	c.t.Helper()
-	deadline := time.After(d)
-	for {
-		c.mu.Lock()
-		got, changed := c.published, c.changed
-		c.mu.Unlock()
-		if got >= n {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			c.t.Fatalf("%d captures ran, want %d within %v", got, n, d)
-		}
+// bringForward makes the scheduled captures of b's database due now.
+func bringForward(t *testing.T, b *backend) {
+	t.Helper()
+	const statement = `UPDATE idempotency_outbox SET due_at = $1 WHERE status = 'scheduled' AND topic = $2`
+	if err := b.payments.db.Exec(context.Background(), statement, time.Now(), topicCapture); err != nil {
+		t.Fatalf("%s: %v", statement, err)
 	}
+}
+
+// captureMessage returns the state and last error of the capture message
+// of the payment id in b's database.
+func captureMessage(t *testing.T, b *backend, id string) (lifecycle.State, string) {
+	t.Helper()
+	var state lifecycle.State
+	var lastError *string
+	queryRow(t, b, `SELECT o.status, o.last_error FROM idempotency_outbox o
+		JOIN payments p ON p.capture_id = o.storage_key || '/' || o.seq WHERE p.id = $1`, []any{mustPaymentID(t, id)}, &state, &lastError)
+	if lastError == nil {
+		return state, ""
+	}
+	return state, *lastError
+}
+
+// message returns the state and last error of the capture message of the
+// payment id.
+func (c *captures) message(id string) (lifecycle.State, string) {
+	c.t.Helper()
+	return captureMessage(c.t, c.b, id)
 }
 
 // pay makes a payment under key, and returns it.
@@ -108,24 +181,6 @@ func (c *captures) read(id string) payment {
 	return decode(c.t, body)
 }
 
-// message returns the state and last error of the capture message of the
-// payment id.
-func (c *captures) message(id string) (lifecycle.State, string) {
-	c.t.Helper()
-	n, _ := parsePaymentID(id)
-	var state lifecycle.State
-	var lastError *string
-	err := c.b.db.QueryRow(context.Background(), `SELECT o.status, o.last_error FROM idempotency_outbox o
-		JOIN payments p ON p.capture_id = o.storage_key || '/' || o.seq WHERE p.id = $1`, n).Scan(&state, &lastError)
-	if err != nil {
-		c.t.Fatalf("the capture message of %s: %v", id, err)
-	}
-	if lastError == nil {
-		return state, ""
-	}
-	return state, *lastError
-}
-
 func decode(t *testing.T, body string) payment {
 	t.Helper()
 	var p payment
@@ -140,9 +195,11 @@ func decode(t *testing.T, body string) payment {
 // not before: the payment is captured, the message done, once. A
 // duplicate of the payment schedules nothing more, a payment whose
 // provider failed schedules nothing, and a cancel comes too late.
-func TestPostgresCapture(t *testing.T) {
+func TestPostgresCapture(t *testing.T) { testCapture(t, postgresMode) }
+
+func testCapture(t *testing.T, open opener) {
 	const after = 300 * time.Millisecond
-	c := serveCaptures(t, after)
+	c := serveCaptures(t, open(t), after)
 	p := c.pay("order-1")
 	if p.Status != "authorized" || p.State != stateAuthorized || p.Version != 1 || p.CaptureAt == nil || p.CaptureAt.Before(p.Created) {
 		t.Fatalf("made %+v, want authorized with its capture due", p)
@@ -165,9 +222,10 @@ func TestPostgresCapture(t *testing.T) {
 	if state, lastError := c.message(p.ID); state != lifecycle.Done || lastError != "" {
 		t.Errorf("the capture message is %s (%q), want done", state, lastError)
 	}
-	var messages int
-	if err := c.b.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_outbox WHERE topic = $1`, topicCapture).Scan(&messages); err != nil || messages != 1 {
-		t.Errorf("%d capture messages (%v), want 1", messages, err)
+	var messages int64
+	queryRow(t, c.b, `SELECT count(*) FROM idempotency_outbox WHERE topic = $1`, []any{topicCapture}, &messages)
+	if messages != 1 {
+		t.Errorf("%d capture messages, want 1", messages)
 	}
 	if res, body := c.post("/payments/"+p.ID+"/cancel", aliceToken, "cancel-1", ""); res.StatusCode != http.StatusConflict ||
 		!conflictOf(t, body, stateCaptured, 2) {
@@ -180,8 +238,10 @@ func TestPostgresCapture(t *testing.T) {
 // capture never runs. The cancel's duplicate replays it, a later cancel
 // (another key) is a conflict with the canceled record, and another
 // user's cancel finds no payment.
-func TestPostgresCancelCapture(t *testing.T) {
-	c := serveCaptures(t, time.Hour)
+func TestPostgresCancelCapture(t *testing.T) { testCancelCapture(t, postgresMode) }
+
+func testCancelCapture(t *testing.T, open opener) {
+	c := serveCaptures(t, open(t), time.Hour)
 	p := c.pay("order-1")
 	if res, body := c.post("/payments/"+p.ID+"/cancel", bobToken, "cancel-1", ""); res.StatusCode != http.StatusNotFound {
 		t.Fatalf("bob's cancel: %d %s, want 404", res.StatusCode, body)
@@ -207,9 +267,7 @@ func TestPostgresCancelCapture(t *testing.T) {
 	// Another payment's capture, brought forward, runs; the canceled one
 	// never does.
 	q := c.pay("order-2")
-	if _, err := c.b.db.Exec(context.Background(), `UPDATE idempotency_outbox SET due_at = now() WHERE status = 'scheduled'`); err != nil {
-		t.Fatal(err)
-	}
+	bringForward(t, c.b)
 	c.awaitCaptured(1, 10*time.Second) // order-2's, brought forward
 	if got := c.read(q.ID); got.Status != "captured" {
 		t.Errorf("order-2 %+v, want captured", got)
@@ -223,9 +281,11 @@ func TestPostgresCancelCapture(t *testing.T) {
 // capture runs: each ends either captured, its message done and its
 // cancel answered 409, or canceled, its message canceled and its cancel
 // answered 200; never both, never neither.
-func TestPostgresCancelRacesCapture(t *testing.T) {
+func TestPostgresCancelRacesCapture(t *testing.T) { testCancelRacesCapture(t, postgresMode) }
+
+func testCancelRacesCapture(t *testing.T, open opener) {
 	const n, after = 12, 200 * time.Millisecond
-	c := serveCaptures(t, after)
+	c := serveCaptures(t, open(t), after)
 	var wg sync.WaitGroup
 	statuses := make([]int, n)
 	ids := make([]string, n)

@@ -57,7 +57,7 @@ func TestServerErrorsAreLogged(t *testing.T) {
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	logs := &logRecorder{}
-	srv := httptest.NewServer(newAPI(store, nil, slog.New(logs)).routes())
+	srv := httptest.NewServer(newAPI(&backend{store: store}, slog.New(logs)).routes())
 	t.Cleanup(srv.Close)
 	c := client{t, srv.URL}
 
@@ -89,7 +89,7 @@ func TestPostgresServerErrorsAreLogged(t *testing.T) {
 	if _, err := b.db.Exec(context.Background(), `ALTER TABLE payments RENAME TO payments_gone`); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(newAPI(b.store, b.db, slog.New(logs)).routes())
+	srv := httptest.NewServer(newAPI(b, slog.New(logs)).routes())
 	t.Cleanup(srv.Close)
 	c := client{t, srv.URL}
 

@@ -12,13 +12,16 @@
 // REDIS_ADDR, which takes precedence over DATABASE_URL; with none set, the
 // records live in memory. The banner says which store is used.
 //
-// With -sqlite FILE the records (package sqlitestore) and the payments
-// live in that SQLite file, created if missing: each payment is a row of
-// its payments table inserted in the request's transaction, as in
-// PostgreSQL mode, and both survive a restart: a server started again on
-// the same file replays the responses of the first. The scheduled
-// captures, the state records and the payment.created messages below are
-// PostgreSQL mode's; in SQLite mode a payment is captured as it is made.
+// With -sqlite FILE the records (package sqlitestore), the payments,
+// their state records and their outbox live in that SQLite file, created
+// if missing: the handlers are PostgreSQL mode's, each payment a row of
+// its payments table inserted in the request's transaction, and its
+// scheduled capture, its cancel and its state record below work as they
+// do there, the store's relay (sqlitestore's Store.Relay) running the
+// captures from the file. All of it survives a restart: a server started
+// again on the same file replays the responses of the first, and runs the
+// captures the first scheduled when they fall due, once. The
+// payment.created messages (NATS_URL) are PostgreSQL mode's alone.
 //
 // With DATABASE_URL the server creates its tables (pgstore.Migrate and a
 // payments table) and each payment is a row, inserted in the request's
@@ -34,15 +37,15 @@
 // chose: each user's keys and stored responses are their own. GET /stats
 // needs no token.
 //
-// In PostgreSQL mode a payment is authorized, and its capture scheduled
-// -capture-after later (default 30s): an outbox message enqueued in the
-// payment's transaction with a NotBefore, which the server's own relay
-// runs when it falls due as a local run (package outbox/local), the
-// capture's UPDATE and the message's done mark in one transaction, once.
-// Until then POST /payments/{id}/capture captures it now and
-// POST /payments/{id}/cancel cancels it, each canceling the scheduled
-// capture (outbox.Cancel) in a transactional route of its own. Each
-// payment is also a state record (package state: machine
+// In PostgreSQL and SQLite modes a payment is authorized, and its
+// capture scheduled -capture-after later (default 30s): an outbox message
+// enqueued in the payment's transaction with a NotBefore, which the
+// server's own relay runs when it falls due as a local run (package
+// outbox/local), the capture's UPDATE and the message's done mark in one
+// transaction, once. Until then POST /payments/{id}/capture captures it
+// now and POST /payments/{id}/cancel cancels it, each canceling the
+// scheduled capture (outbox.Cancel) in a transactional route of its own.
+// Each payment is also a state record (package state: machine
 // payments.payment, scope its user), created authorized at version 1
 // with the payment; a capture and a cancel are transitions from
 // authorized, at the version the client sends as If-Match (or the
@@ -50,8 +53,8 @@
 // keys exactly one wins, and the other is answered 409 state_conflict
 // with the winner's state and version. GET /payments/{id} shows the
 // payment's status (authorized, captured or canceled) and its record's
-// state and version; go run ./cmd/idemctl state shows the record's
-// transitions and where their events are.
+// state and version; in PostgreSQL mode, go run ./cmd/idemctl state shows
+// the record's transitions and where their events are.
 //
 // With NATS_URL set as well, in PostgreSQL mode, each payment also
 // enqueues a payment.created message in its transaction (outbox.Enqueue),
@@ -64,9 +67,9 @@
 //
 // It listens on -addr (or $ADDR; default 127.0.0.1:8080) and prints curl
 // commands that show a first call, a replay, a 422, a 409, a 502, another
-// user's key space and a 401, in PostgreSQL mode the capture, its
-// cancel, and a capture and a cancel racing, and in SQLite mode the replay
-// after a restart.
+// user's key space and a 401, in PostgreSQL and SQLite modes the
+// capture, its cancel, and a capture and a cancel racing, and in SQLite
+// mode the replay and the scheduled capture after a restart.
 package main
 
 import (
@@ -83,6 +86,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/go-idempotency/idempotency/outbox/relay"
 )
 
 func main() {
@@ -91,8 +96,8 @@ func main() {
 		defaultAddr = "127.0.0.1:8080"
 	}
 	addr := flag.String("addr", defaultAddr, "listen address (also $ADDR)")
-	sqlitePath := flag.String("sqlite", os.Getenv("SQLITE_PATH"), "SQLite mode: the file of the records and the payments, created if missing (also $SQLITE_PATH)")
-	captureAfter := flag.Duration("capture-after", 30*time.Second, "PostgreSQL mode: how long after a payment its capture runs, cancelable until then")
+	sqlitePath := flag.String("sqlite", os.Getenv("SQLITE_PATH"), "SQLite mode: the file of the records, the payments, their state records and their scheduled captures, created if missing (also $SQLITE_PATH)")
+	captureAfter := flag.Duration("capture-after", 30*time.Second, "PostgreSQL and SQLite modes: how long after a payment its capture runs, cancelable until then")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *captureAfter <= 0 {
@@ -123,6 +128,9 @@ type settings struct {
 	natsURL      string        // $NATS_URL
 	sqlitePath   string        // -sqlite, or $SQLITE_PATH
 	captureAfter time.Duration // -capture-after
+	// captureRelay adds to the options of the captures' relay (the tests
+	// observe it).
+	captureRelay []relay.Option
 }
 
 // run serves the API as s says until ctx ends (main's ends on SIGINT or
@@ -151,10 +159,9 @@ func run(ctx context.Context, s settings, out io.Writer, logger *slog.Logger) er
 		logger.Warn("NATS_URL is set but the store is not PostgreSQL: payments enqueue no payment.created messages (they need DATABASE_URL, and no REDIS_ADDR or -sqlite)")
 	}
 
-	api := newAPI(b.store, b.db, logger)
-	api.sqlite = b.sqlite
+	api := newAPI(b, logger)
 	api.events = s.natsURL != "" && b.db != nil
-	if b.db != nil && !api.events {
+	if b.payments != nil && !api.events {
 		api.captureAfter = s.captureAfter
 	}
 	ln, err := net.Listen("tcp", s.addr)
@@ -167,7 +174,7 @@ func run(ctx context.Context, s settings, out io.Writer, logger *slog.Logger) er
 	if api.captureAfter > 0 {
 		// The relay of the captures runs until the server has shut down,
 		// and hands back the captures it has not begun.
-		captures := newCaptureRelay(b.db, b.store, logger)
+		captures := newCaptureRelay(b, logger, s.captureRelay...)
 		rctx, stopCaptures := context.WithCancel(context.Background())
 		relayed := make(chan error, 1)
 		go func() { relayed <- captures.Run(rctx) }()
@@ -219,7 +226,7 @@ func tokens() string {
 func printUsage(out io.Writer, addr string, b *backend, a *api) {
 	base := "http://" + addr
 	executions := "Payments made so far:"
-	if b.db != nil || b.sqlite != nil {
+	if b.payments != nil {
 		executions = "Payments made so far (rows of the payments table):"
 	}
 	fmt.Fprintf(out, `chi-server listening on %[1]s (store: %[2]s)
@@ -243,13 +250,6 @@ Bob's order-1001 is a payment of his own (keys are scoped to the authenticated u
 %[3]s
   curl -s %[1]s/stats
 `, base, b.name, executions, tokens())
-	if b.sqlite != nil {
-		fmt.Fprintf(out, `
-The records and the payments are rows of %[2]s: stop the server (Ctrl-C) and start it again with the same
-file (-sqlite %[2]s), and the first call's curl line answers Idempotent-Replayed: true, its payment made once:
-  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
-`, base, b.file)
-	}
 	if a.captureAfter > 0 {
 		fmt.Fprintf(out, `
 Each payment is authorized, and captured %[2]v later by the server's relay, once, unless captured or canceled
@@ -265,9 +265,25 @@ one wins (200), the other answers 409 state_conflict with the winner's state at 
 A duplicate of either (same key) replays its answer, the winner's 200 as the loser's 409 (Idempotent-Replayed: true):
   curl -i -X POST %[1]s/payments/$ID/capture -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: capture-1004' -H 'If-Match: 1'
   curl -i -X POST %[1]s/payments/$ID/cancel -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: cancel-1004' -H 'If-Match: 1'
-The payment's state record, its transitions and their events (from the repository's root, with the same DATABASE_URL):
-  go run ./cmd/idemctl state -scope alice -machine payments.payment -id $ID
 `, base, a.captureAfter)
+		if b.db != nil {
+			fmt.Fprint(out, `The payment's state record, its transitions and their events (from the repository's root, with the same DATABASE_URL):
+  go run ./cmd/idemctl state -scope alice -machine payments.payment -id $ID
+`)
+		}
+	}
+	if b.file != "" {
+		fmt.Fprintf(out, `
+The records and the payments are rows of %[2]s: stop the server (Ctrl-C) and start it again with the same
+file (-sqlite %[2]s), and the first call's curl line answers Idempotent-Replayed: true, its payment made once:
+  curl -i -X POST %[1]s/payments -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: order-1001' -d '{"amount":1999,"currency":"EUR"}'
+`, base, b.file)
+		if a.captureAfter > 0 {
+			fmt.Fprintf(out, `The state records and the scheduled captures are rows of the file too: a capture scheduled before the stop
+runs after the restart, when it falls due, once (the relay finds it in the file):
+  curl -s %[1]s/payments/pay_1 -H 'Authorization: Bearer alice-token'     # "status": "captured", "state": "captured", "version": 2
+`, base)
+		}
 	}
 	if a.events {
 		fmt.Fprint(out, `

@@ -40,7 +40,7 @@ func serve(t *testing.T, b *backend, events ...bool) client {
 	if !strings.HasPrefix(b.name, "postgres ") || b.db == nil {
 		t.Fatalf("store %q, database %v", b.name, b.db)
 	}
-	api := newAPI(b.store, b.db, slog.New(slog.DiscardHandler))
+	api := newAPI(b, slog.New(slog.DiscardHandler))
 	api.events = len(events) > 0 && events[0]
 	srv := httptest.NewServer(api.routes())
 	t.Cleanup(srv.Close)

@@ -26,7 +26,7 @@ func TestTwoServersShareRedis(t *testing.T) {
 		if b.name != "redis "+addr {
 			t.Fatalf("store %q", b.name)
 		}
-		a := newAPI(b.store, b.db, slog.New(slog.DiscardHandler))
+		a := newAPI(b, slog.New(slog.DiscardHandler))
 		srv := httptest.NewServer(a.routes())
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)

@@ -9,13 +9,12 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/state"
 )
 
-// State records, in PostgreSQL mode: each payment is also a record of
+// State records, in PostgreSQL and SQLite modes: each payment is also a record of
 // package state (machine payments.payment, scope its user, id its API
 // id), created authorized at version 1 in the payment's transaction. Its
 // capture (POST /payments/{id}/capture, or the scheduled one of
@@ -66,11 +65,11 @@ func recordData(p payment) json.RawMessage {
 //
 // The record is locked by the transition before the row is written, and
 // the scheduled capture takes them in the same order, so that the two
-// never wait for each other in a circle.
+// never wait for each other in a circle (in PostgreSQL mode: SQLite runs
+// one writing transaction at a time).
 func (a *api) settle(to string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := requestTx(w, r, a)
-		if !ok {
+		if !a.inTransaction(w, r) {
 			return
 		}
 		ctx := r.Context()
@@ -90,7 +89,7 @@ func (a *api) settle(to string) http.HandlerFunc {
 			a.stateError(w, r, err)
 			return
 		}
-		p, captureID, err := settleRow(ctx, tx, id, to)
+		p, captureID, err := a.payments.settle(ctx, id, to)
 		if err != nil {
 			a.serverError(w, r, http.StatusInternalServerError, "payment not "+to, fmt.Errorf("updating a payment: %w", err))
 			return
@@ -141,25 +140,4 @@ func (a *api) stateError(w http.ResponseWriter, r *http.Request, err error) {
 		a.logger.ErrorContext(r.Context(), "state record", "method", r.Method, "path", r.URL.Path, "user", user(r), "error", err)
 	}
 	state.WriteError(w, r, err)
-}
-
-// settleRow sets the payments row id to status (captured: now; canceled:
-// no capture time) and returns it, with the ID of its capture message
-// ("" for none).
-func settleRow(ctx context.Context, tx pgx.Tx, id int64, status string) (payment, string, error) {
-	p := payment{ID: paymentID(id)}
-	var captureID *string
-	err := tx.QueryRow(ctx, `UPDATE payments
-		SET status = $2, capture_at = CASE WHEN $2 = 'captured' THEN now() END
-		WHERE id = $1
-		RETURNING user_name, amount, currency, created, status, capture_at, capture_id`, id, status).
-		Scan(&p.User, &p.Amount, &p.Currency, &p.Created, &p.Status, &p.CaptureAt, &captureID)
-	if err != nil {
-		return payment{}, "", err
-	}
-	p.Created, p.CaptureAt = p.Created.UTC(), utc(p.CaptureAt)
-	if captureID == nil {
-		return p, "", nil
-	}
-	return p, *captureID, nil
 }

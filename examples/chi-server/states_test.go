@@ -77,7 +77,7 @@ func (c *captures) settle(id, action, key, ifMatch string) answer {
 // database.
 func (c *captures) record(id string) state.Record {
 	c.t.Helper()
-	rec, err := state.New(c.b.db).Get(context.Background(), paymentRef("alice", id))
+	rec, err := c.b.states.Get(context.Background(), paymentRef("alice", id))
 	if err != nil {
 		c.t.Fatalf("the record of %s: %v", id, err)
 	}
@@ -94,13 +94,13 @@ type stateEvent struct {
 // ordering key: one list per payment's record.
 func (c *captures) stateEvents() map[string][]stateEvent {
 	c.t.Helper()
-	rows, err := c.b.db.Query(context.Background(),
+	rows, err := c.b.payments.db.Query(context.Background(),
 		`SELECT storage_key || '/' || seq, ordering_key, payload FROM idempotency_outbox WHERE topic = $1 ORDER BY storage_key, seq`,
-		state.New(c.b.db).Topic(machinePayment))
+		c.b.states.Topic(machinePayment))
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stateEvent, error) {
+	events, err := lifecycle.Collect(rows, func(row lifecycle.Rows) (stateEvent, error) {
 		var e stateEvent
 		var payload []byte
 		if err := row.Scan(&e.id, &e.orderingKey, &payload); err != nil {
@@ -124,8 +124,10 @@ func (c *captures) stateEvents() map[string][]stateEvent {
 // read (If-Match: 1, stale) or none; its duplicate replays the 409. The
 // capture moved the row, canceled the scheduled capture and wrote one
 // event. Another user's capture, and an unknown payment's, are 404.
-func TestPostgresCaptureThenCancel(t *testing.T) {
-	c := serveCaptures(t, time.Hour)
+func TestPostgresCaptureThenCancel(t *testing.T) { testCaptureThenCancel(t, postgresMode) }
+
+func testCaptureThenCancel(t *testing.T, open opener) {
+	c := serveCaptures(t, open(t), time.Hour)
 	p := c.pay("order-1")
 	if p.State != stateAuthorized || p.Version != 1 {
 		t.Fatalf("made %+v, want its record authorized at version 1", p)
@@ -181,9 +183,11 @@ func TestPostgresCaptureThenCancel(t *testing.T) {
 // status and body. The record, the row and the outbox agree: exactly one
 // state event per payment, the winner's, with its ID, ordering key and
 // cause, and every scheduled capture canceled.
-func TestPostgresCaptureRacesCancel(t *testing.T) {
+func TestPostgresCaptureRacesCancel(t *testing.T) { testCaptureRacesCancel(t, postgresMode) }
+
+func testCaptureRacesCancel(t *testing.T, open opener) {
 	const n = 50
-	c := serveCaptures(t, time.Hour)
+	c := serveCaptures(t, open(t), time.Hour)
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = c.pay(fmt.Sprintf("order-%d", i)).ID
@@ -274,7 +278,7 @@ func TestPostgresCaptureRacesCancel(t *testing.T) {
 // and its message is done, not dead or retried. The record keeps its one
 // transition and its one event.
 func TestPostgresScheduledCaptureOfCanceled(t *testing.T) {
-	c := serveCaptures(t, time.Hour)
+	c := serveCaptures(t, postgresMode(t), time.Hour)
 	p := c.pay("order-1")
 	ctx := context.Background()
 	ref := paymentRef("alice", p.ID)
@@ -291,9 +295,7 @@ func TestPostgresScheduledCaptureOfCanceled(t *testing.T) {
 	if st, _ := c.message(p.ID); st != lifecycle.Scheduled {
 		t.Fatalf("the capture message is %s, want still scheduled", st)
 	}
-	if _, err := c.b.db.Exec(ctx, `UPDATE idempotency_outbox SET due_at = now() WHERE topic = $1`, topicCapture); err != nil {
-		t.Fatal(err)
-	}
+	bringForward(t, c.b)
 	c.awaitCaptured(1, 10*time.Second)
 	if st, lastError := c.message(p.ID); st != lifecycle.Done || lastError != "" {
 		t.Errorf("the capture message is %s (%q), want done", st, lastError)
@@ -301,7 +303,7 @@ func TestPostgresScheduledCaptureOfCanceled(t *testing.T) {
 	if rec := c.record(p.ID); rec.State != stateCanceled || rec.Version != 2 {
 		t.Errorf("the record %+v, want canceled at version 2", rec)
 	}
-	history, err := state.New(c.b.db).History(ctx, ref, 0, 0)
+	history, err := c.b.states.History(ctx, ref, 0, 0)
 	if err != nil || len(history) != 1 || history[0].To != stateCanceled {
 		t.Errorf("history %+v (%v), want the cancel alone", history, err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,19 +14,30 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/memstore"
+	"github.com/go-idempotency/idempotency/outbox"
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
+	"github.com/go-idempotency/idempotency/outbox/relay"
 	"github.com/go-idempotency/idempotency/pgstore"
 	"github.com/go-idempotency/idempotency/redisstore"
+	"github.com/go-idempotency/idempotency/state"
 )
 
 // backend is where the server keeps its idempotency records and, in
-// PostgreSQL and SQLite modes, its payments.
+// PostgreSQL and SQLite modes, its payments, their state records and
+// their outbox: the engine is chosen here, at start-up, and the handlers
+// are the same in both modes.
 type backend struct {
-	store  idempotency.Store
-	name   string        // what the banner prints: "memstore", "redis host:port", "postgres host:port/db", "sqlite FILE"
-	db     *pgxpool.Pool // PostgreSQL mode: payments are rows of the payments table; nil otherwise
-	sqlite *sql.DB       // SQLite mode (sqlite.go): the file's payments table, beside the records; nil otherwise
-	file   string        // SQLite mode: the file's path
-	close  func()
+	store idempotency.Store
+	name  string // what the banner prints: "memstore", "redis host:port", "postgres host:port/db", "sqlite FILE"
+	// payments, states and relay are those of the PostgreSQL and SQLite
+	// modes, nil otherwise: the payments table, the payments' state
+	// records, and a relay of the database's outbox through a sink.
+	payments *paymentsTable
+	states   *state.Store
+	relay    func(sink outbox.Sink, opts ...relay.Option) *relay.Relay
+	db       *pgxpool.Pool // PostgreSQL mode; nil otherwise
+	file     string        // SQLite mode (sqlite.go): the file's path
+	close    func()
 }
 
 // openBackend chooses the store from the server's settings: Redis when
@@ -88,7 +98,25 @@ func openPostgres(ctx context.Context, url string, logger *slog.Logger) (*backen
 	s := pgstore.New(pool,
 		pgstore.WithPurgeInterval(time.Minute),
 		pgstore.WithPurgeErrorHandler(func(err error) { logger.Warn("purging expired idempotency records", "error", err) }))
-	return &backend{store: s, name: "postgres " + where, db: pool, close: func() { _ = s.Close(); pool.Close() }}, nil
+	return &backend{
+		store:    s,
+		name:     "postgres " + where,
+		payments: &paymentsTable{sql: postgresPayments, db: lifecycle.Pgx(pool), tx: pgTx},
+		states:   state.New(pool),
+		relay:    func(sink outbox.Sink, opts ...relay.Option) *relay.Relay { return relay.New(pool, sink, opts...) },
+		db:       pool,
+		close:    func() { _ = s.Close(); pool.Close() },
+	}, nil
+}
+
+// pgTx returns the transaction of the request or local run whose context
+// ctx is, on a pgstore.Store.
+func pgTx(ctx context.Context) (lifecycle.DB, bool) {
+	tx, ok := pgstore.TxFromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	return lifecycle.Pgx(tx), true
 }
 
 // paymentsSchema is the payments table of the PostgreSQL mode. The
@@ -112,6 +140,20 @@ CREATE TABLE IF NOT EXISTS payments (
 	capture_id      text,
 	capture_at      timestamptz
 )`
+
+// postgresPayments are the statements of the payments table of the
+// PostgreSQL mode.
+var postgresPayments = paymentsSQL{
+	insert: `INSERT INTO payments (user_name, idempotency_key, amount, currency, status, capture_at)
+		VALUES ($1, $2, $3, $4, $5, coalesce($6, now())) RETURNING id, created, capture_at`,
+	schedule: `UPDATE payments SET capture_id = $2 WHERE id = $1`,
+	settle: `UPDATE payments
+		SET status = $2, capture_at = CASE WHEN $2 = 'captured' THEN now() END
+		WHERE id = $1
+		RETURNING user_name, amount, currency, created, status, capture_at, capture_id`,
+	read:  `SELECT user_name, amount, currency, created, status, capture_at FROM payments WHERE id = $1`,
+	count: `SELECT count(*) FROM payments`,
+}
 
 // migratePayments creates the payments table if it is missing, in one
 // transaction under an advisory lock, so that servers starting together
