@@ -13,6 +13,7 @@ import (
 
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/go-idempotency/idempotency/outbox/lifecycle"
 	"github.com/go-idempotency/idempotency/servercheck/report"
 )
 
@@ -67,6 +68,9 @@ func WithPurgeLag(d time.Duration) CheckOption {
 //     else Warn: every purge batch scans the table) and purge (the oldest
 //     row past its expiry: Warn when it expired longer ago than
 //     WithPurgeLag allows).
+//   - outbox: the messages of the outbox table (DefaultOutboxTable) by
+//     state, and how long the earliest due one has waited (Info; its
+//     absence too: Open creates the table).
 //   - quick_check: PRAGMA quick_check says ok (OK), else Fail with what
 //     it found. It reads the whole file. A file SQLite finds corrupt
 //     before (reading the table) gets this Fail there, and the items
@@ -173,7 +177,7 @@ func (c *fileCheck) run(ctx context.Context) error {
 		c.add("journal_mode", report.Fail, mode,
 			"not WAL: readers and the writer wait for each other, and a transactional handler holding the write lock stops every replay; Open switches a file to WAL (and refuses one it cannot switch, on a filesystem without shared memory), so no Store has opened this file since it was switched back; open it with the Store, or run PRAGMA journal_mode=WAL")
 	}
-	for _, step := range []func(context.Context, *sql.Conn) error{c.checkWrite, c.connectionSettings, c.checkTable, c.quickCheck, c.size} {
+	for _, step := range []func(context.Context, *sql.Conn) error{c.checkWrite, c.connectionSettings, c.checkTable, c.outbox, c.quickCheck, c.size} {
 		if err := step(ctx, conn); err != nil {
 			return c.unusable(err)
 		}
@@ -298,6 +302,43 @@ WHERE ii.seqno = 0 AND ii.name = 'expires_at' LIMIT 1`, c.table.name).Scan(&inde
 		c.add("purge", report.OK, fmt.Sprintf("the oldest row past its expiry expired %v ago", age),
 			fmt.Sprintf("within the purge lag of %v", c.cfg.purgeLag))
 	}
+	return nil
+}
+
+// outbox reports the outbox's messages by state, read by package
+// lifecycle's status query.
+func (c *fileCheck) outbox(ctx context.Context, conn *sql.Conn) error {
+	have, err := readColumns(ctx, conn, mustTable(DefaultOutboxTable))
+	if err != nil {
+		return err
+	}
+	if len(have) == 0 {
+		c.add("outbox", report.Info, DefaultOutboxTable+" missing", "the next Open creates it")
+		return nil
+	}
+	t, err := lifecycle.New(DefaultOutboxTable, lifecycle.SQLite)
+	if err != nil {
+		return err
+	}
+	st, err := t.Status(ctx, lifecycle.SQL(conn, lifecycle.SQLite), 1)
+	if err != nil {
+		return err
+	}
+	var counts []string
+	for _, state := range lifecycle.States() {
+		if n := st.Counts[state]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", n, state))
+		}
+	}
+	value := fmt.Sprintf("%d messages", st.Total)
+	if len(counts) > 0 {
+		value += ": " + strings.Join(counts, ", ")
+	}
+	detail := "no message is due"
+	if st.Oldest != nil {
+		detail = fmt.Sprintf("the earliest due message (%s) has waited %v for a relay (Store.Relay)", st.Oldest.ID, st.Now.Sub(st.Oldest.DueAt).Round(time.Millisecond))
+	}
+	c.add("outbox", report.Info, value, detail)
 	return nil
 }
 

@@ -52,6 +52,7 @@ func ExampleCheckFile() {
 	// OK columns
 	// OK expires-at-index
 	// OK purge
+	// INFO outbox
 	// OK quick_check
 	// INFO size
 	// worst: OK

@@ -2,8 +2,10 @@ package sqlitestore_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/servercheck/report"
 	"github.com/go-idempotency/idempotency/sqlitestore"
 )
@@ -109,7 +112,7 @@ func TestCheckFileSafe(t *testing.T) {
 		items = append(items, f.Item)
 	}
 	want := []string{"file", "sqlite", "journal_mode", "writable", "directory", "synchronous", "busy_timeout",
-		"table", "columns", "expires-at-index", "purge", "quick_check", "size"}
+		"table", "columns", "expires-at-index", "purge", "outbox", "quick_check", "size"}
 	if !slices.Equal(items, want) {
 		t.Errorf("items %q, want %q", items, want)
 	}
@@ -120,6 +123,7 @@ func TestCheckFileSafe(t *testing.T) {
 	wantFinding(t, r, "purge", report.OK, "no row past its expiry")
 	wantFinding(t, r, "quick_check", report.OK, "ok")
 	wantFinding(t, r, "synchronous", report.Info, "not stored in the file")
+	wantFinding(t, r, "outbox", report.Info, "0 messages")
 	after, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -369,4 +373,38 @@ func TestCheckFileErrors(t *testing.T) {
 // its own. The test sets NORMAL after the Store's own pragma.
 func TestOpenSynchronousNotFull(t *testing.T) {
 	wantOpenError(t, newPath(t), "not FULL", sqlitestore.WithDSNParams("_pragma=synchronous(NORMAL)"))
+}
+
+// TestCheckFileOutbox: the check counts the outbox's messages by state and
+// says how long the earliest due one has waited, and says when the file
+// has no outbox table yet.
+func TestCheckFileOutbox(t *testing.T) {
+	path := newPath(t)
+	s := open(t, path)
+	runner := idempotency.NewRunner(s, idempotency.WithTransaction(true))
+	for i := range 3 {
+		if _, err := idempotency.Do(ctx, runner, idempotency.Call{Name: "pay", Key: fmt.Sprint("k", i)}, func(ctx context.Context) ([]string, error) {
+			return outbox.Enqueue(ctx, outbox.Message{Topic: "t", Payload: []byte("x")})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := checkFile(t, path)
+	wantFinding(t, r, "outbox", report.Info, "3 messages: 3 ready")
+	if f := finding(t, r, "outbox"); !strings.Contains(f.Detail, "has waited") {
+		t.Errorf("outbox detail %q, want the earliest due message's wait", f.Detail)
+	}
+
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`DROP TABLE ` + sqlitestore.DefaultOutboxTable); err != nil {
+		t.Fatal(err)
+	}
+	wantFinding(t, checkFile(t, path), "outbox", report.Info, "idempotency_outbox missing")
 }

@@ -47,8 +47,8 @@ rolled back: FAIL naming a read-only file, -wal or -shm file, or connection)
 and its directory (where SQLite creates the -wal and -shm files), the table
 with its columns and expires_at index, the purge (as PostgreSQL's),
 quick_check (FAIL when the file is corrupt; it reads the whole file: raise
--timeout for a large one), and as INFO the SQLite version, the size and free
-pages, and synchronous and busy_timeout: settings of each connection, not of
+-timeout for a large one), and as INFO the SQLite version, the outbox's
+messages by state, the size and free pages, and synchronous and busy_timeout: settings of each connection, not of
 the file, which sqlitestore sets on every connection it opens
 (synchronous=FULL, without which Open refuses to run). It writes nothing to
 the database, and runs beside the application.`,

@@ -57,7 +57,7 @@ func TestSQLiteCheck(t *testing.T) {
 		{"OK", "table", "idempotency_records"}, {"OK", "columns", "13 columns"},
 		{"OK", "expires-at-index", "idempotency_records_expires_at_idx"}, {"OK", "purge", "no row past its expiry"},
 		{"OK", "quick_check", "ok"}, {"INFO", "size"}})
-	r.contains(t, "sqlite "+path+", table idempotency_records\n", "safe: 0 FAIL, 0 WARN, 9 OK, 4 INFO")
+	r.contains(t, "sqlite "+path+", table idempotency_records\n", "safe: 0 FAIL, 0 WARN, 9 OK, 5 INFO")
 	if r.stderr != "" {
 		t.Errorf("stderr: %s", r.stderr)
 	}
@@ -70,7 +70,7 @@ func TestSQLiteCheck(t *testing.T) {
 		Findings []servercheck.Finding `json:"findings"`
 	}
 	idemctl(t, nil, "check", "-sqlite", path, "-json").want(t, exitOK).decode(t, &out)
-	if out.Verdict != servercheck.OK || out.Store != "sqlite "+path+", table idempotency_records" || len(out.Findings) != 13 {
+	if out.Verdict != servercheck.OK || out.Store != "sqlite "+path+", table idempotency_records" || len(out.Findings) != 14 {
 		t.Errorf("check -json: %+v", out)
 	}
 	if i := slices.IndexFunc(out.Findings, func(f servercheck.Finding) bool { return f.Item == "journal_mode" }); i < 0 ||
