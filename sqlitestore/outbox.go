@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -231,22 +230,14 @@ func (d turnDB) InTx(ctx context.Context, fn func(lifecycle.DB) error) error {
 	if err := d.s.take(ctx); err != nil {
 		return err
 	}
-	defer d.s.give()
-	tx, err := d.s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+	err := lifecycle.InTx(ctx, lifecycle.SQL(d.s.db, lifecycle.SQLite), fn)
+	d.s.give()
+	if err == nil {
+		// A transaction of the outbox's edges (a state transition) may
+		// have written messages.
+		d.wrote()
 	}
-	defer tx.Rollback()
-	if err := fn(lifecycle.SQL(tx, lifecycle.SQLite)); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	// A transaction of the outbox's edges (a state transition) may have
-	// written messages.
-	d.wrote()
-	return nil
+	return err
 }
 
 // turnRows gives the write turn back when the rows are closed, and then,

@@ -17,9 +17,8 @@ import (
 var SQLite = Dialect{
 	Name:  "sqlite",
 	Param: func(n int, typ string) string { return fmt.Sprintf("?%d", n) },
-	Cast: func(expr, typ string) string {
-		return fmt.Sprintf("CAST(%s AS %s)", expr, map[string]string{"integer": "INTEGER", "bigint": "INTEGER"}[typ])
-	},
+	// SQLite takes PostgreSQL's type names, by their affinity.
+	Cast:   func(expr, typ string) string { return fmt.Sprintf("CAST(%s AS %s)", expr, typ) },
 	Now:    lifecycle.SQLite.Now,
 	Outbox: lifecycle.SQLite,
 	Steps:  true,

@@ -82,6 +82,14 @@ type Dialect struct {
 	UniqueViolation func(err error) bool
 }
 
+// shiftOp is the operator of Dialect.Shift's sign.
+func shiftOp(sign int) string {
+	if sign < 0 {
+		return "-"
+	}
+	return "+"
+}
+
 // time reads a time the engine's driver returned.
 func (d Dialect) time(v any) (time.Time, error) {
 	if d.Time != nil {
@@ -113,11 +121,7 @@ var PostgreSQL = Dialect{
 	Param: func(n int, typ string) string { return fmt.Sprintf("$%d::%s", n, typ) },
 	Now:   "clock_timestamp()",
 	Shift: func(t string, n, sign int) string {
-		op := "+"
-		if sign < 0 {
-			op = "-"
-		}
-		return fmt.Sprintf("(%s %s $%d::interval)", t, op, n)
+		return fmt.Sprintf("(%s %s $%d::interval)", t, shiftOp(sign), n)
 	},
 	Seconds: func(from, to string) string {
 		return fmt.Sprintf("extract(epoch FROM (%s) - (%s))::float8", to, from)

@@ -25,11 +25,7 @@ var SQLite = Dialect{
 	// 'now' is read once per statement, in milliseconds.
 	Now: "CAST(unixepoch('subsec') * 1000000 AS INTEGER)",
 	Shift: func(t string, n, sign int) string {
-		op := "+"
-		if sign < 0 {
-			op = "-"
-		}
-		return fmt.Sprintf("(%s %s ?%d)", t, op, n)
+		return fmt.Sprintf("(%s %s ?%d)", t, shiftOp(sign), n)
 	},
 	Seconds: func(from, to string) string {
 		return fmt.Sprintf("(((%s) - (%s)) / 1000000.0)", to, from)
