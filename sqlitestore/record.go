@@ -131,7 +131,8 @@ func (r *record) response() (*idempotency.Response, error) {
 	if !r.status.Valid || !hok || !bok || !r.omitted.Valid {
 		return nil, fmt.Errorf("%w: a COMPLETE row without status, headers, body or body_omitted", idempotency.ErrCorruptRecord)
 	}
-	resp, err := wire.Decode(string(headers), string(body))
+	// The row's bytes are the Store's own: scanRecord's Scan copies them.
+	resp, err := wire.DecodeOwned(headers, body)
 	if err != nil {
 		return nil, err
 	}

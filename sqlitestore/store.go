@@ -281,11 +281,23 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	if err != nil || action == answer {
 		return a, opError("acquire", req.Key, err)
 	}
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
+	a, err = s.acquireLocked(ctx, req)
+	return a, opError("acquire", req.Key, err)
+}
+
+// acquireLocked is Acquire's write: in a BEGIN IMMEDIATE transaction, it
+// reads the record again, decides again, and writes the record in progress
+// under req.Token, unless the row read under the lock settles the answer.
+// It is a method of its own so that Acquire's read-only answers (a replay,
+// a mismatch, a duplicate in flight) allocate nothing for the closure.
+func (s *Store) acquireLocked(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
+	var a idempotency.Acquisition
+	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
 		r, err := s.readIn(ctx, tx, req.Key)
 		if err != nil {
 			return false, err
 		}
+		var action acquireAction
 		action, a, err = judgeAcquire(r, now, req)
 		if err != nil || action == answer {
 			return false, err
@@ -309,7 +321,7 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		return true, nil
 	})
 	if err != nil {
-		return idempotency.Acquisition{}, opError("acquire", req.Key, err)
+		return idempotency.Acquisition{}, err
 	}
 	return a, nil
 }

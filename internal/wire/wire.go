@@ -195,6 +195,14 @@ func Decode(meta, body string) (*idempotency.Response, error) {
 	return resp, nil
 }
 
+// DecodeOwned is Decode of a meta block and body the caller hands over:
+// the Response shares their bytes, which must not change afterwards. A
+// store whose driver gives it copies of its columns decodes them with it
+// instead of copying them again into strings.
+func DecodeOwned(meta, body []byte) (*idempotency.Response, error) {
+	return Decode(unsafe.String(unsafe.SliceData(meta), len(meta)), unsafe.String(unsafe.SliceData(body), len(body)))
+}
+
 type decoder struct{ b string }
 
 func (d *decoder) byte(what string) (byte, error) {

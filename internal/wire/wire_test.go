@@ -189,3 +189,31 @@ func TestDecodeHeadersDoNotAlias(t *testing.T) {
 
 // encodeMeta is AppendMeta into a new block.
 func encodeMeta(resp *idempotency.Response) ([]byte, error) { return AppendMeta(nil, resp) }
+
+// TestDecodeOwned checks that DecodeOwned rebuilds what Decode does from
+// the same bytes, without copying the body, and refuses what Decode
+// refuses.
+func TestDecodeOwned(t *testing.T) {
+	resp := &idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":7}`)}
+	meta, err := encodeMeta(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := slices.Clone(resp.Body)
+	got, err := DecodeOwned(meta, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, resp) {
+		t.Fatalf("DecodeOwned = %+v, want %+v", got, resp)
+	}
+	if &got.Body[0] != &body[0] {
+		t.Error("DecodeOwned copied the body it was handed")
+	}
+	if empty, err := DecodeOwned(meta[:len(meta):len(meta)], nil); err != nil || empty.Body != nil {
+		t.Errorf("DecodeOwned with no body = %+v, %v; want a nil Body", empty, err)
+	}
+	if _, err := DecodeOwned(nil, body); !errors.Is(err, idempotency.ErrCorruptRecord) {
+		t.Errorf("DecodeOwned of an empty meta block: %v, want ErrCorruptRecord", err)
+	}
+}
