@@ -50,5 +50,5 @@ func BenchmarkKeyCount(b *testing.B) {
 		}
 		stores[j] = s
 	}
-	keycount.Run(b, stores, func(n uint64) string { return "k" + strconv.FormatUint(n, 10) })
+	keycount.Run(b, stores, func(n uint64) string { return "k" + strconv.FormatUint(n, 10) }, nil)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/benchmarks/internal/keycount"
+	"github.com/go-idempotency/idempotency/benchmarks/internal/sqlitefloor"
 	"github.com/go-idempotency/idempotency/sqlitestore"
 )
 
@@ -35,10 +36,14 @@ func key(n uint64) string { return fmt.Sprintf("k%063d", n) }
 // commits, each synced to disk). Records have 64-byte keys and hold a
 // 14-byte body; the table is filled in one transaction through Store.DB,
 // then checkpointed. It reports the mean time of a request at each size
-// (ns/req@keys=N).
+// (ns/req@keys=N) and, for Replay, that of the record floor on the same
+// file (ns/floor@keys=N: internal/sqlitefloor's SELECT by primary key,
+// through the Store's own *sql.DB, of another record picked at random),
+// which tells the file's own rise from the store's.
 func BenchmarkKeyCount(b *testing.B) {
 	dir := b.TempDir()
 	stores := make([]idempotency.Store, len(keycount.Sizes))
+	floors := make([]*sqlitefloor.Floor, len(keycount.Sizes))
 	for j, n := range keycount.Sizes {
 		s, err := sqlitestore.Open(filepath.Join(dir, fmt.Sprintf("records_%d.db", n)))
 		if err != nil {
@@ -65,6 +70,13 @@ func BenchmarkKeyCount(b *testing.B) {
 			b.Fatal(err)
 		}
 		stores[j] = s
+		if floors[j], err = sqlitefloor.New(ctx, s.DB(), floorRecord); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(floors[j].Close)
 	}
-	keycount.Run(b, stores, key)
+	keycount.Run(b, stores, key, func(ctx context.Context, j int, key string) error {
+		_, err := floors[j].Read(ctx, key)
+		return err
+	})
 }
