@@ -81,12 +81,18 @@ type Delivery struct {
 	FinishedAt *time.Time
 	// LastError is why its last publication failed, or why it died.
 	LastError *string
+	// Err, when not nil, says why the message could not be read: its row
+	// (see lifecycle.Sequenced), or its payload as an Event. Version is
+	// then the message's sequence, which is the transition's version, and
+	// the fields that could be read are set.
+	Err error
 }
 
 // Deliveries returns the events of the record at ref that the outbox
 // still holds (WithOutboxTable's, or the transaction's), in the order the
 // relays present them, which is version order: an operator's view of
-// where each event is. A record without events is no error.
+// where each event is. A record without events is no error. A message
+// that cannot be read comes back with its Err set, beside the others.
 func (s *Store) Deliveries(ctx context.Context, ref Ref) ([]Delivery, error) {
 	if err := validRef(ref); err != nil {
 		return nil, err
@@ -106,9 +112,14 @@ func (s *Store) Deliveries(ctx context.Context, ref Ref) ([]Delivery, error) {
 	out := make([]Delivery, len(msgs))
 	for i, msg := range msgs {
 		d := Delivery{Topic: msg.Topic, OrderingKey: msg.OrderingKey, Headers: msg.Headers, State: msg.State,
-			Attempts: msg.Attempts, FinishedAt: msg.FinishedAt, LastError: msg.LastError}
-		if err := json.Unmarshal(msg.Payload, &d.Event); err != nil {
-			return nil, storeError("deliveries", fmt.Errorf("message %s: %w", msg.ID, err))
+			Attempts: msg.Attempts, FinishedAt: msg.FinishedAt, LastError: msg.LastError, Err: msg.Err}
+		if d.Err == nil {
+			if err := json.Unmarshal(msg.Payload, &d.Event); err != nil {
+				d.Err = fmt.Errorf("message %s: payload: %w", msg.ID, err)
+			}
+		}
+		if d.Err != nil {
+			d.Event = Event{ID: msg.ID, Ref: ref, Version: int64(msg.Seq)}
 		}
 		d.At = msg.EnqueuedAt
 		out[i] = d

@@ -146,10 +146,12 @@ type transition struct {
 	state.Event
 	At time.Time `json:"at"`
 	// Delivery is the event's state in the outbox, "purged" when the
-	// outbox no longer holds it.
-	Delivery  string  `json:"delivery"`
-	Attempts  int     `json:"attempts"`
-	LastError *string `json:"last_error,omitempty"`
+	// outbox no longer holds it, "unreadable" when its message cannot be
+	// read (Unreadable says why).
+	Delivery   string  `json:"delivery"`
+	Attempts   int     `json:"attempts"`
+	LastError  *string `json:"last_error,omitempty"`
+	Unreadable string  `json:"unreadable,omitempty"`
 }
 
 // readState reads the record of o, its last transitions and their
@@ -184,6 +186,9 @@ func readState(ctx context.Context, s *state.Store, o stateOptions) (*stateResul
 		tr := transition{Event: ev, At: ev.At, Delivery: "purged"}
 		if d, ok := byVersion[ev.Version]; ok {
 			tr.Delivery, tr.Attempts, tr.LastError = string(d.State), d.Attempts, d.LastError
+			if d.Err != nil {
+				tr.Delivery, tr.Unreadable = "unreadable", d.Err.Error()
+			}
 		}
 		res.History = append(res.History, tr)
 	}
@@ -230,6 +235,9 @@ func (r *stateResult) writeText(w io.Writer) {
 		}
 		if tr.LastError != nil {
 			delivery += ": " + safe(*tr.LastError)
+		}
+		if tr.Unreadable != "" {
+			delivery += " (" + safe(tr.Unreadable) + ")"
 		}
 		fmt.Fprintf(w, "  v%-4d %s -> %s  at %s  %s  event %s\n", tr.Version, safe(tr.From), safe(tr.To),
 			tr.At.UTC().Format(time.RFC3339Nano), cause, delivery)

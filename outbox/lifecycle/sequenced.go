@@ -2,7 +2,9 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -57,34 +59,104 @@ type Sequenced struct {
 	EnqueuedAt  time.Time
 	FinishedAt  *time.Time
 	LastError   *string
+	// Err, when not nil, says why the row could not be read (a column
+	// NULL or of another type, headers that are not a JSON object of
+	// strings, an unknown state, an infinite time); the fields it could
+	// read are set. The storage key's other messages are read on their own.
+	Err error
 }
+
+// sequencedColumns name the columns of messagesSQL, for errors.
+var sequencedColumns = [11]string{"id", "seq", "topic", "payload", "headers", "ordering_key", "status", "attempts",
+	"enqueued_at", "finished_at", "last_error"}
 
 // Messages reads the messages of the storage key storageKey still in the
 // table (the purge deletes finished ones after their retention), in id
 // order: the order in which the relays present those of one ordering key.
+// Each row is read on its own: a row that cannot be read comes back with
+// its Err set, and the others as they are. It fails only when the query
+// does, or when a row's id cannot be read.
 func (t *Table) Messages(ctx context.Context, db DB, storageKey string) ([]Sequenced, error) {
 	sql := fmt.Sprintf(messagesSQL, t.name.Quoted(), t.dialect.Param(1, "text"))
 	rows, err := db.Query(ctx, sql, storageKey)
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: messages: %w", err)
 	}
-	got, err := Collect(rows, func(row Rows) (Sequenced, error) {
-		var m Sequenced
-		var seq, attempts int32
-		var headers string
-		err := row.Scan(&m.RowID, &seq, &m.Topic, &m.Payload, &headers, &m.OrderingKey, &m.State, &attempts,
-			&m.EnqueuedAt, &m.FinishedAt, &m.LastError)
-		if err == nil {
-			err = decodeHeaders(headers, &m.Headers)
+	defer rows.Close()
+	var out []Sequenced
+	var cells [len(sequencedColumns)]cell
+	dst := make([]any, len(cells))
+	for i := range cells {
+		dst[i] = &cells[i]
+	}
+	for rows.Next() {
+		if err := rows.Scan(dst...); err != nil {
+			return nil, fmt.Errorf("lifecycle: messages: %w", err)
 		}
-		if m.Payload == nil { // SQLite's driver reads an empty BLOB as nil
-			m.Payload = []byte{}
+		m, err := t.decodeSequenced(storageKey, cells[:])
+		if err != nil { // the row's id itself: nothing to name it by
+			return nil, fmt.Errorf("lifecycle: messages: %w", err)
 		}
-		m.ID, m.Seq, m.Attempts = MessageID(storageKey, int(seq)), int(seq), int(attempts)
-		return m, err
-	})
-	if err != nil {
+		out = append(out, m)
+	}
+	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("lifecycle: messages: %w", err)
 	}
-	return got, nil
+	return out, nil
+}
+
+// decodeSequenced reads one row of messagesSQL from the values its driver
+// gave, column by column (see decodeClaimed). It returns an error only
+// when the row's id cannot be read.
+func (t *Table) decodeSequenced(storageKey string, cells []cell) (Sequenced, error) {
+	var m Sequenced
+	var errs []error
+	col := func(i int, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("column %s %w", sequencedColumns[i], err))
+		}
+	}
+	var err error
+	if m.RowID, err = integer(cells[0].v, math.MaxInt64); err != nil {
+		return m, fmt.Errorf("column id %w", err)
+	}
+	seq, err := integer(cells[1].v, math.MaxInt32)
+	col(1, err)
+	m.Seq = int(seq)
+	m.ID = MessageID(storageKey, m.Seq)
+	m.Topic, err = text(cells[2].v)
+	col(2, err)
+	m.Payload, err = blob(cells[3].v)
+	col(3, err)
+	headers, herr := text(cells[4].v)
+	col(4, herr)
+	if herr == nil {
+		errs = append(errs, decodeHeaders(headers, &m.Headers))
+	}
+	m.OrderingKey, err = text(cells[5].v)
+	col(5, err)
+	state, err := text(cells[6].v)
+	if m.State = State(state); err == nil && !m.State.Valid() {
+		err = fmt.Errorf("holds an unknown state %q", state)
+	}
+	col(6, err)
+	attempts, err := integer(cells[7].v, math.MaxInt32)
+	col(7, err)
+	m.Attempts = int(attempts)
+	m.EnqueuedAt, err = t.dialect.time(cells[8].v)
+	col(8, err)
+	if cells[9].v != nil {
+		finished, err := t.dialect.time(cells[9].v)
+		col(9, err)
+		m.FinishedAt = &finished
+	}
+	if cells[10].v != nil {
+		last, err := text(cells[10].v)
+		col(10, err)
+		m.LastError = &last
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.Err = fmt.Errorf("row %d: %w", m.RowID, err)
+	}
+	return m, nil
 }

@@ -117,10 +117,10 @@ type Target struct {
 	// SQLite. Times the database writes may be that much earlier than
 	// the test's own clock.
 	ClockResolution time.Duration
-	// Corruptions are the engine's own ways of a row that the claim
-	// cannot read (beyond headers that are not a JSON object of strings,
-	// which the suite writes itself): each is read apart, with its error,
-	// from the claim's other rows.
+	// Corruptions are the engine's own ways of a row that the claim and
+	// Messages cannot read (beyond headers that are not a JSON object of
+	// strings, which the suite writes itself): each is read apart, with
+	// its error, from the other rows.
 	Corruptions []Corruption
 	// FailCommit, when set, writes in the transaction of the
 	// transactional call whose context ctx is something that makes the
@@ -130,14 +130,14 @@ type Target struct {
 	FailCommit func(ctx context.Context) error
 }
 
-// Corruption is a row the claim cannot read.
+// Corruption is a row the claim and Messages cannot read.
 type Corruption struct {
 	// Name names it, for the suite's messages.
 	Name string
 	// Corrupt makes the row of the message at seq of storageKey so.
 	Corrupt func(t *testing.T, storageKey string, seq int)
-	// Want is a part of the error the claim reads the row with
-	// (lifecycle.ClaimedMessage.Err).
+	// Want is a part of the error the claim and Messages read the row
+	// with (lifecycle.ClaimedMessage.Err, lifecycle.Sequenced.Err).
 	Want string
 }
 

@@ -2,8 +2,10 @@ package lifecycletest
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,5 +257,47 @@ var readTests = []test{
 			t.Errorf("rec/2: %+v, want due at its enqueue", r)
 		}
 		wantClaims(t, f, [][]string{{"rec/2"}, {"rec/3"}})
+	}},
+	{"SequencedRowsApart", func(t *testing.T, tg Target) {
+		// Messages reads each row on its own: a row that cannot be read
+		// (headers that are not a JSON object of strings, the engine's own
+		// corruptions) comes back with its error naming the row and the
+		// column, beside the storage key's other messages, read as they
+		// are.
+		f := newFixture(tg)
+		d := f.Table.Dialect()
+		insert := f.Table.InsertSequenced(`(SELECT ` + d.Param(1, "text") + ` AS storage_key, ` + d.Param(2, "integer") + ` AS seq, ` +
+			d.Param(3, "text") + ` AS topic, ` + d.Param(4, "bytea") + ` AS payload, ` + d.Param(5, "text") + ` AS headers, ` +
+			d.Param(6, "text") + ` AS ordering_key, ` + d.Now + ` AS enqueued_at)`)
+		seqs := 3 + len(tg.Corruptions)
+		for seq := range int32(seqs) {
+			if err := f.DB.Exec(ctx, insert, "rec", seq+1, "state.payment", []byte(`{"v":1}`), `{"k":"v"}`, "acme/payment/1"); err != nil {
+				t.Fatalf("insert %d: %v", seq+1, err)
+			}
+		}
+		bad := map[string]string{"rec/2": "column headers is not a JSON object of strings: json: cannot unmarshal array"}
+		f.set(t, "rec/2", "headers", `["a"]`)
+		for i, c := range tg.Corruptions {
+			c.Corrupt(t, "rec", 4+i)
+			bad[lifecycle.MessageID("rec", 4+i)] = c.Want
+		}
+		msgs, err := f.Table.Messages(ctx, f.DB, "rec")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != seqs {
+			t.Fatalf("read %d messages, want %d", len(msgs), seqs)
+		}
+		for i, m := range msgs {
+			want, isBad := bad[m.ID]
+			switch {
+			case m.Seq != i+1 || m.ID != lifecycle.MessageID("rec", i+1):
+				t.Errorf("message %d: seq %d, ID %s", i, m.Seq, m.ID)
+			case isBad && (m.Err == nil || !strings.Contains(m.Err.Error(), want) || !strings.Contains(m.Err.Error(), fmt.Sprintf("row %d", m.RowID))):
+				t.Errorf("%s: error %v, want %q naming row %d", m.ID, m.Err, want, m.RowID)
+			case !isBad && (m.Err != nil || m.State != lifecycle.Ready || m.Headers["k"] != "v" || string(m.Payload) != `{"v":1}`):
+				t.Errorf("healthy %s: %+v", m.ID, m)
+			}
+		}
 	}},
 }
