@@ -1,5 +1,7 @@
 package sqlitestore
 
+import "context"
+
 // WithDSNParams adds query parameters to the URI every connection is
 // opened with, after the Store's own: the tests simulate a read-only file
 // with mode=ro or _pragma=query_only(1), and a journal that is not WAL
@@ -24,4 +26,18 @@ func (s *Store) Waiters(key string) int {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	return len(s.hub.waiters[key])
+}
+
+// WriterExec runs query on the connection of the Store's own writes, in
+// its write turn: the proofs make that connection refuse writes as a full
+// disk or a read-only file would.
+func (s *Store) WriterExec(ctx context.Context, query string) error {
+	if err := s.take(ctx); err != nil {
+		return err
+	}
+	defer s.give()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.w.conn.ExecContext(ctx, query)
+	return err
 }

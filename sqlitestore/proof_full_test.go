@@ -20,9 +20,10 @@ import (
 // a transactional route the effect row is gone with it. A server started
 // on the file once it takes writes again runs the client's retry once.
 //
-// The server's Store has one connection (WithMaxConns(1)), on which the
-// handler sets a PRAGMA, in the request's transaction on a transactional
-// route: the connection on which the Store then writes the record.
+// The handler sets a PRAGMA on the connection on which the Store then
+// writes the record: in the request's transaction on a transactional
+// route (the server's Store has one connection for requests,
+// WithMaxConns(1)), and on the Store's own writer on the plain route.
 //
 //   - A full disk is PRAGMA max_page_count = 1, which SQLite raises to the
 //     pages the file holds: the file may not grow, and a write that needs

@@ -53,8 +53,9 @@ const (
 	// the response once the record and the row committed, before its first
 	// byte reaches the client, once it reported COMMITTED key.
 	hangHeader = "Proof-Hang"
-	// pragmaHeader: a PRAGMA the handler runs in the request's
-	// transaction, on its connection, after its effect row.
+	// pragmaHeader: a PRAGMA the handler runs after its effect row on the
+	// connection the record is then written on: the request
+	// transaction's, or on the plain route the Store's writer's.
 	pragmaHeader = "Proof-Pragma"
 	// bodyHeader: the number of bytes the response body is padded with.
 	bodyHeader = "Proof-Body-Size"
@@ -127,7 +128,7 @@ func TestProofServerProcess(t *testing.T) {
 			out.Report("EVENT", "%s %d %s", e.Kind, e.Status, strings.ReplaceAll(e.Err.Error(), "\n", " "))
 		}
 	})
-	s := &proofServer{name: name, db: store.DB(), out: out}
+	s := &proofServer{name: name, db: store.DB(), store: store, out: out}
 	common := []idempotency.Option{idempotency.WithLease(lease), observe}
 	tx := slices.Concat(common, []idempotency.Option{idempotency.WithTransaction(true)})
 	wait := slices.Concat(tx, []idempotency.Option{idempotency.WithWait(10 * time.Second)})
@@ -158,9 +159,10 @@ func TestProofServerProcess(t *testing.T) {
 
 // proofServer is the handler of a server process.
 type proofServer struct {
-	name string
-	db   *sql.DB
-	out  *childproc.Reporter
+	name  string
+	db    *sql.DB
+	store *sqlitestore.Store
+	out   *childproc.Reporter
 }
 
 // pay writes the effect row (in the request's transaction, or on its own
@@ -183,7 +185,16 @@ func (s *proofServer) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p := r.Header.Get(pragmaHeader); p != "" {
-		if _, err := db.ExecContext(ctx, "PRAGMA "+p); err != nil {
+		// On a transactional route the record is written in the
+		// request's transaction, on its connection; on the plain route,
+		// after the handler, on the Store's own writer's.
+		var err error
+		if _, ok := sqlitestore.TxFromContext(ctx); ok {
+			_, err = db.ExecContext(ctx, "PRAGMA "+p)
+		} else {
+			err = s.store.WriterExec(ctx, "PRAGMA "+p)
+		}
+		if err != nil {
 			http.Error(w, "pragma: "+err.Error(), http.StatusInternalServerError)
 			return
 		}

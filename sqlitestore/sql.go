@@ -90,6 +90,15 @@ FROM {table} WHERE key IN (SELECT value FROM json_each(?1))`
 // CPU of first executions.
 type statements struct {
 	read, take, complete, release, extend, purge, poll *sql.Stmt
+	// writes are those of the write transactions with their SQL, which
+	// the writer prepares again on its connection.
+	writes []prepared
+}
+
+// prepared is a statement of the Store and the SQL it was prepared from.
+type prepared struct {
+	stmt  *sql.Stmt
+	query string
 }
 
 // prepare prepares the statements on t in db.
@@ -113,6 +122,9 @@ func prepare(ctx context.Context, db *sql.DB, t table) (statements, error) {
 		if *p.stmt, err = db.PrepareContext(ctx, put(p.sql)); err != nil {
 			st.close()
 			return statements{}, fmt.Errorf("prepare the %s statement: %w", p.name, err)
+		}
+		if p.name != "poll" {
+			st.writes = append(st.writes, prepared{*p.stmt, put(p.sql)})
 		}
 	}
 	return st, nil

@@ -39,6 +39,10 @@ type Store struct {
 	// the next writer the moment the lock is free, and ends the wait with
 	// the caller's context.
 	writer chan struct{}
+	// wmu guards w, the connection of the Store's own writes (see
+	// writer): held by a write, in the write turn, and by Close.
+	wmu sync.Mutex
+	w   *writer
 
 	closed atomic.Bool
 	quit   chan struct{}  // closed by Close: stops the background goroutines
@@ -80,9 +84,10 @@ func Open(path string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
 	}
-	// Connections stay open: each new one runs its pragmas again.
-	db.SetMaxOpenConns(cfg.maxConns)
-	db.SetMaxIdleConns(cfg.maxConns)
+	// Connections stay open: each new one runs its pragmas again. The
+	// writer keeps one more (see writer).
+	db.SetMaxOpenConns(cfg.maxConns + 1)
+	db.SetMaxIdleConns(cfg.maxConns + 1)
 	s := &Store{
 		db:     db,
 		path:   path,
@@ -149,6 +154,10 @@ func (s *Store) setUp(ctx context.Context) error {
 	if s.stmt, err = prepare(ctx, s.db, s.cfg.table); err != nil {
 		return fmt.Errorf("sqlitestore: %s: %w", s.path, err)
 	}
+	if s.w, err = openWriter(ctx, s.db, s.stmt); err != nil {
+		s.stmt.close()
+		return fmt.Errorf("sqlitestore: %s: %w", s.path, err)
+	}
 	return nil
 }
 
@@ -170,6 +179,12 @@ func (s *Store) Close() error {
 	close(s.quit)
 	s.hub.close()
 	s.bg.Wait()
+	s.wmu.Lock()
+	if s.w != nil {
+		s.w.close(false)
+		s.w = nil
+	}
+	s.wmu.Unlock()
 	s.stmt.close()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("sqlitestore: close %s: %w", s.path, err)
@@ -218,40 +233,9 @@ func (s *Store) take(ctx context.Context) error {
 // give ends the write turn.
 func (s *Store) give() { <-s.writer }
 
-// write runs fn in a write transaction: BEGIN IMMEDIATE, in the Store's
-// write turn, so that what fn reads stays true until the COMMIT. fn gets
-// the Store's clock read under the lock, and returns whether to commit.
-//
-// ctx bounds the waits: for the turn, and for the write lock (the BEGIN);
-// once ctx ends, database/sql rolls the transaction back, and the COMMIT
-// fails. fn's statements get ctx without its cancellation: under the
-// write lock a statement waits for nothing, and the driver watches a
-// context that can end with a goroutine of its own for every statement
-// (3% of a first execution's time, measured against the record floor in
-// benchmarks/sqlitebench).
-func (s *Store) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx, now int64) (commit bool, err error)) error {
-	if err := s.take(ctx); err != nil {
-		return err
-	}
-	defer s.give()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	commit, err := fn(context.WithoutCancel(ctx), tx, s.now())
-	if err != nil || !commit {
-		tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-// readIn reads key's record in tx (see scanRecord).
-func (s *Store) readIn(ctx context.Context, tx *sql.Tx, key string) (*record, error) {
-	return scanRecord(tx.StmtContext(ctx, s.stmt.read).QueryRowContext(ctx, key))
+// readIn reads key's record in a write transaction (see scanRecord).
+func (s *Store) readIn(ctx context.Context, in stmtIn, key string) (*record, error) {
+	return scanRecord(in(ctx, s.stmt.read).QueryRowContext(ctx, key))
 }
 
 // Acquire implements idempotency.Store. It reads the record outside any
@@ -292,8 +276,8 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 // a mismatch, a duplicate in flight) allocate nothing for the closure.
 func (s *Store) acquireLocked(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
 	var a idempotency.Acquisition
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
-		r, err := s.readIn(ctx, tx, req.Key)
+	err := s.write(ctx, func(ctx context.Context, in stmtIn, now int64) (bool, error) {
+		r, err := s.readIn(ctx, in, req.Key)
 		if err != nil {
 			return false, err
 		}
@@ -311,7 +295,7 @@ func (s *Store) acquireLocked(ctx context.Context, req idempotency.AcquireReques
 		case steal:
 			epoch, leaseUntil, ttlUntil = r.epoch+1, now+micros(req.Lease), now+micros(req.TTL)
 		}
-		if _, err := tx.StmtContext(ctx, s.stmt.take).ExecContext(ctx, req.Key, req.Token, []byte(req.Fingerprint), epoch, leaseUntil, ttlUntil, now); err != nil {
+		if _, err := in(ctx, s.stmt.take).ExecContext(ctx, req.Key, req.Token, []byte(req.Fingerprint), epoch, leaseUntil, ttlUntil, now); err != nil {
 			return false, err
 		}
 		a = idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: uint64(epoch)}
@@ -343,8 +327,8 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		return err
 	}
 	var completed bool
-	err = s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
-		r, err := s.readIn(ctx, tx, key)
+	err = s.write(ctx, func(ctx context.Context, in stmtIn, now int64) (bool, error) {
+		r, err := s.readIn(ctx, in, key)
 		switch {
 		case err != nil:
 			return false, err
@@ -353,7 +337,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 		case !r.held(token, now):
 			return false, idempotency.ErrLeaseLost
 		}
-		if err := s.fence(ctx, tx, key, token, e, ttl, now); err != nil {
+		if err := s.fence(ctx, in, key, token, e, ttl, now); err != nil {
 			return false, err
 		}
 		completed = true
@@ -371,11 +355,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, resp *idempoten
 // errFenced is the fence's answer when it updated no row.
 var errFenced = errors.New("the record is no longer in progress under the token")
 
-// fence runs completeSQL on tx: the record becomes COMPLETE with e, kept
+// fence runs completeSQL in a write transaction: the record becomes COMPLETE with e, kept
 // for ttl from now, when it is still in progress under token and not
 // expired; otherwise it returns errFenced and changes nothing.
-func (s *Store) fence(ctx context.Context, tx *sql.Tx, key, token string, e encoded, ttl time.Duration, now int64) error {
-	res, err := tx.StmtContext(ctx, s.stmt.complete).ExecContext(ctx, key, token, e.status, e.headers, e.body, e.omitted, now+micros(ttl), now)
+func (s *Store) fence(ctx context.Context, in stmtIn, key, token string, e encoded, ttl time.Duration, now int64) error {
+	res, err := in(ctx, s.stmt.complete).ExecContext(ctx, key, token, e.status, e.headers, e.body, e.omitted, now+micros(ttl), now)
 	if err != nil {
 		return err
 	}
@@ -399,8 +383,8 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		return err
 	}
 	var released bool
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
-		r, err := s.readIn(ctx, tx, key)
+	err := s.write(ctx, func(ctx context.Context, in stmtIn, now int64) (bool, error) {
+		r, err := s.readIn(ctx, in, key)
 		switch {
 		case err != nil:
 			return false, err
@@ -409,7 +393,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		case !r.held(token, now):
 			return false, idempotency.ErrLeaseLost
 		}
-		if _, err := tx.StmtContext(ctx, s.stmt.release).ExecContext(ctx, key, token, now); err != nil {
+		if _, err := in(ctx, s.stmt.release).ExecContext(ctx, key, token, now); err != nil {
 			return false, err
 		}
 		released = true
@@ -447,23 +431,23 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 			return opError("extend", key, err)
 		}
 	}
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
-		return s.extend(ctx, tx, key, token, lease, now)
+	err := s.write(ctx, func(ctx context.Context, in stmtIn, now int64) (bool, error) {
+		return s.extend(ctx, in, key, token, lease, now)
 	})
 	return opError("extend", key, err)
 }
 
-// extend is the extend edge on tx: it reads the record and, when token
+// extend is the extend edge in a write transaction: it reads the record and, when token
 // holds it, pushes its lease. It returns whether it wrote.
-func (s *Store) extend(ctx context.Context, tx *sql.Tx, key, token string, lease time.Duration, now int64) (bool, error) {
-	r, err := s.readIn(ctx, tx, key)
+func (s *Store) extend(ctx context.Context, in stmtIn, key, token string, lease time.Duration, now int64) (bool, error) {
+	r, err := s.readIn(ctx, in, key)
 	switch {
 	case err != nil:
 		return false, err
 	case !r.held(token, now):
 		return false, idempotency.ErrLeaseLost
 	}
-	if _, err := tx.StmtContext(ctx, s.stmt.extend).ExecContext(ctx, key, token, now+micros(lease), now); err != nil {
+	if _, err := in(ctx, s.stmt.extend).ExecContext(ctx, key, token, now+micros(lease), now); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -487,8 +471,8 @@ func (s *Store) Purge(ctx context.Context, batch int) (int, error) {
 
 func (s *Store) purge(ctx context.Context, batch int) (int, error) {
 	var n int64
-	err := s.write(ctx, func(ctx context.Context, tx *sql.Tx, now int64) (bool, error) {
-		res, err := tx.StmtContext(ctx, s.stmt.purge).ExecContext(ctx, now, batch)
+	err := s.write(ctx, func(ctx context.Context, in stmtIn, now int64) (bool, error) {
+		res, err := in(ctx, s.stmt.purge).ExecContext(ctx, now, batch)
 		if err != nil {
 			return false, err
 		}

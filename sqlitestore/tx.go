@@ -116,13 +116,13 @@ func (t *Tx) Complete(ctx context.Context, resp *idempotency.Response, ttl time.
 	// the fence judges. The read tells a row that is not a record, which
 	// the fence alone could match.
 	now := t.s.now()
-	r, err := t.s.readIn(ctx, t.tx, t.key)
+	r, err := t.s.readIn(ctx, t.tx.StmtContext, t.key)
 	switch {
 	case err != nil:
 	case !r.held(t.token, now):
 		err = idempotency.ErrLeaseLost
 	default:
-		if err = t.s.fence(ctx, t.tx, t.key, t.token, e, ttl, now); errors.Is(err, errFenced) {
+		if err = t.s.fence(ctx, t.tx.StmtContext, t.key, t.token, e, ttl, now); errors.Is(err, errFenced) {
 			err = idempotency.ErrLeaseLost
 		}
 	}
@@ -187,7 +187,7 @@ func (t *Tx) extend(ctx context.Context, token string, lease time.Duration) (ran
 	if t.done || token != t.token {
 		return false, nil
 	}
-	_, err = t.s.extend(ctx, t.tx, t.key, token, lease, t.s.now())
+	_, err = t.s.extend(ctx, t.tx.StmtContext, t.key, token, lease, t.s.now())
 	return true, err
 }
 
