@@ -92,6 +92,15 @@ func TestState(t *testing.T) {
 		t.Errorf("-json: %s", js.stdout)
 	}
 
+	// An event whose message cannot be read is shown as unreadable, with
+	// its error, beside the others.
+	if _, err := pool.Exec(ctx, `UPDATE idempotency_outbox SET payload = 'garbled' WHERE storage_key = $1 AND seq = 4`, state.EventKey(ref)); err != nil {
+		t.Fatal(err)
+	}
+	idemctl(t, nil, args...).want(t, exitOK).contains(t,
+		"v3    captured -> settled", "event done, 1 attempt",
+		"v4    settled -> settled", "event unreadable (message "+state.EventID(ref, 4)+": payload: invalid character")
+
 	idemctl(t, nil, "state", "-postgres", url, "-scope", "acme", "-machine", "payments.payment", "-id", "pay_999").
 		want(t, exitNotFound)
 	idemctl(t, nil, "state", "-postgres", url, "-scope", "acme", "-machine", "payments.payment").
