@@ -14,6 +14,10 @@ func WithDSNParams(params string) Option {
 // the COMMIT. Set it before s is used.
 func SetBeforeCommit(s *Store, f func(*Tx)) { s.beforeCommit = f }
 
+// SetAfterEmptyRead makes every Acquire of s that read no row call f
+// before it writes the fresh record. Set it before s is used.
+func SetAfterEmptyRead(s *Store, f func(key string)) { s.afterEmptyRead = f }
+
 // OpenTxs counts the Store's open transactions.
 func (s *Store) OpenTxs() int {
 	s.txMu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,5 +235,41 @@ func TestRefusedArguments(t *testing.T) {
 		if _, _, err := s.Watch(ctx, key); err == nil {
 			t.Errorf("Watch of key %q succeeded", key)
 		}
+	}
+}
+
+// TestFreshRace: a record written by another acquire between Acquire's
+// read, which found no row, and its fresh record's INSERT is kept: the
+// INSERT writes nothing, and Acquire decides under the lock, on the row
+// it finds there (a duplicate in flight, or a mismatch).
+func TestFreshRace(t *testing.T) {
+	for _, tc := range []struct {
+		name, fp string
+		want     idempotency.AcquireOutcome
+	}{
+		{"same request", "fp", idempotency.InFlight},
+		{"another request", "other fp", idempotency.Mismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := open(t, newPath(t))
+			key := newKey()
+			var raced bool
+			sqlitestore.SetAfterEmptyRead(s, func(k string) {
+				if k == key && !raced {
+					raced = true
+					acquire(t, s, req(key, "first", tc.fp, time.Minute, time.Hour), idempotency.Acquired)
+				}
+			})
+			a := acquire(t, s, req(key, "second", "fp", time.Minute, time.Hour), tc.want)
+			if !raced {
+				t.Fatal("the race was not run")
+			}
+			if tc.want == idempotency.InFlight && a.Epoch != 1 {
+				t.Errorf("in flight at epoch %d, want 1", a.Epoch)
+			}
+			if row := rowOf(t, s, key); !strings.Contains(row, "first") || strings.Contains(row, "second") {
+				t.Errorf("the row after the race: %s, want the first acquire's", row)
+			}
+		})
 	}
 }

@@ -44,6 +44,20 @@ ON CONFLICT (key) DO UPDATE SET
 	status = NULL, headers = NULL, body = NULL, body_omitted = NULL,
 	updated_at = excluded.updated_at`
 
+// createSQL is the fresh edge of a key that has no row, as one statement
+// that commits on its own: a record in progress at epoch 1, written only
+// while no row has the key. Acquire runs it when its read found no row;
+// when one appeared since, it changes nothing, and Acquire decides again
+// under the lock (takeSQL). Neither a read under the lock nor BEGIN and
+// COMMIT: the first execution of a new key, the common one, writes once.
+//
+//	?1 key, ?2 token, ?3 fingerprint, ?4 the lease and ?5 the TTL in
+//	microseconds, ?6 now
+const createSQL = `INSERT INTO {table}
+	(key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, status, headers, body, body_omitted, updated_at)
+VALUES (?1, 'in_progress', ?2, coalesce(?3, x''), 1, ?6 + ?4, ?6 + ?5, ?6 + max(?4, ?5), NULL, NULL, NULL, NULL, ?6)
+ON CONFLICT (key) DO NOTHING`
+
 // completeSQL is the complete edge, and the fence of Tx.Complete: it
 // changes the row only while it is in progress under the token and not
 // expired. The Store passes a nil []byte for an empty body, which the
@@ -89,7 +103,7 @@ FROM {table} WHERE key IN (SELECT value FROM json_each(?1))`
 // write prepared its SQL again, sqlite3_prepare_v2 took about 29% of the
 // CPU of first executions.
 type statements struct {
-	read, take, complete, release, extend, purge, poll *sql.Stmt
+	read, create, take, complete, release, extend, purge, poll *sql.Stmt
 	// writes are those of the write transactions with their SQL, which
 	// the writer prepares again on its connection.
 	writes []prepared
@@ -111,6 +125,7 @@ func prepare(ctx context.Context, db *sql.DB, t table) (statements, error) {
 		sql  string
 	}{
 		{"read", &st.read, readSQL},
+		{"create", &st.create, createSQL},
 		{"take", &st.take, takeSQL},
 		{"complete", &st.complete, completeSQL},
 		{"release", &st.release, releaseSQL},
@@ -132,7 +147,7 @@ func prepare(ctx context.Context, db *sql.DB, t table) (statements, error) {
 
 // close closes the statements that were prepared.
 func (st *statements) close() {
-	for _, s := range []*sql.Stmt{st.read, st.take, st.complete, st.release, st.extend, st.purge, st.poll} {
+	for _, s := range []*sql.Stmt{st.read, st.create, st.take, st.complete, st.release, st.extend, st.purge, st.poll} {
 		if s != nil {
 			s.Close()
 		}

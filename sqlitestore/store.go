@@ -56,6 +56,9 @@ type Store struct {
 	// beforeCommit, when set (by tests), runs in Tx.Complete between the
 	// fence and the COMMIT.
 	beforeCommit func(*Tx)
+	// afterEmptyRead, when set (by tests), runs in Acquire between a read
+	// that found no row and the fresh edge's INSERT.
+	afterEmptyRead func(key string)
 }
 
 var (
@@ -241,9 +244,11 @@ func (s *Store) readIn(ctx context.Context, in stmtIn, key string) (*record, err
 // Acquire implements idempotency.Store. It reads the record outside any
 // transaction, and answers from that read a replay, a mismatch and a
 // duplicate in flight: a plain read in WAL mode, which waits for no
-// writer. Otherwise (no record, an expired one, a lease that ran out, the
-// holder's retry) it writes in a BEGIN IMMEDIATE transaction, deciding
-// again on the row read under the lock. A retry by the token that holds
+// writer. With no row, it writes the fresh record in one statement that
+// writes nothing when a row appeared since (createSQL). Otherwise (a row
+// appeared, an expired one, a lease that ran out, the holder's retry) it
+// writes in a BEGIN IMMEDIATE transaction, deciding again on the row read
+// under the lock. A retry by the token that holds
 // the record renews its lease to run req.Lease from now when it would end
 // sooner, even if it had run out, as long as no other token took the
 // record over. A row that is not a record is reported as an error wrapping
@@ -264,6 +269,19 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 	action, a, err := judgeAcquire(r, s.now(), req)
 	if err != nil || action == answer {
 		return a, opError("acquire", req.Key, err)
+	}
+	if r == nil {
+		// No row: the fresh edge, unless a row appeared since.
+		if s.afterEmptyRead != nil {
+			s.afterEmptyRead(req.Key)
+		}
+		n, err := s.autocommit(ctx, s.stmt.create, req.Key, req.Token, []byte(req.Fingerprint), micros(req.Lease), micros(req.TTL))
+		if err != nil {
+			return idempotency.Acquisition{}, opError("acquire", req.Key, err)
+		}
+		if n == 1 {
+			return idempotency.Acquisition{Outcome: idempotency.Acquired, Epoch: 1}, nil
+		}
 	}
 	a, err = s.acquireLocked(ctx, req)
 	return a, opError("acquire", req.Key, err)

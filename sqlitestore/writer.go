@@ -113,17 +113,10 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, in stmtI
 	defer s.give()
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if s.w == nil {
-		if s.closed.Load() {
-			return idempotency.ErrStoreClosed
-		}
-		w, err := openWriter(ctx, s.db, s.stmt)
-		if err != nil {
-			return err
-		}
-		s.w = w
+	w, err := s.writerLocked(ctx)
+	if err != nil {
+		return err
 	}
-	w := s.w
 	if _, err := w.begin.ExecContext(ctx); err != nil {
 		// A BEGIN IMMEDIATE that failed (busy, interrupted) began no
 		// transaction.
@@ -150,6 +143,45 @@ func (s *Store) write(ctx context.Context, fn func(ctx context.Context, in stmtI
 		s.w = nil
 	}
 	return err
+}
+
+// writerLocked returns the Store's writer, opening one when the last was
+// closed; s.wmu is held.
+func (s *Store) writerLocked(ctx context.Context) (*writer, error) {
+	if s.w == nil {
+		if s.closed.Load() {
+			return nil, idempotency.ErrStoreClosed
+		}
+		w, err := openWriter(ctx, s.db, s.stmt)
+		if err != nil {
+			return nil, err
+		}
+		s.w = w
+	}
+	return s.w, nil
+}
+
+// autocommit runs st, one of the Store's statements, on the writer as a
+// transaction of its own (SQLite commits it, or rolls it back when it
+// fails), in the Store's write turn, with now the Store's clock read in
+// the turn as the last argument. It returns the rows st changed. ctx
+// bounds the waits, for the turn and for the file's write lock.
+func (s *Store) autocommit(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
+	if err := s.take(ctx); err != nil {
+		return 0, err
+	}
+	defer s.give()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	w, err := s.writerLocked(ctx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := w.stmt(ctx, st).ExecContext(ctx, append(args, s.now())...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // noTransaction reports the error of a ROLLBACK without a transaction.
