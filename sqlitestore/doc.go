@@ -41,8 +41,10 @@
 // same clock, so processes sharing the file agree on every lease.
 //
 // A replay, a mismatch and a duplicate in flight are answered by one read
-// of the row outside any transaction. Every other edge (acquire, steal, a
-// holder's retry, complete, release, extend, purge) is a BEGIN IMMEDIATE
+// of the row outside any transaction. A key that read no row gets its
+// record from one INSERT that writes nothing when a row appeared since.
+// Every other edge (acquire over a row, steal, a holder's retry, complete,
+// release, extend, purge) is a BEGIN IMMEDIATE
 // transaction that reads the row again under the write lock, decides in
 // Go, and writes with one statement whose WHERE clause repeats the
 // condition. A row that is not a record (a headers block that does not
