@@ -27,16 +27,21 @@ import (
 const readSQL = `SELECT state, token, fingerprint, epoch, lease_until, ttl_until, status, headers, body, body_omitted
 FROM {table} WHERE key = ?1`
 
-// takeSQL writes a record in progress: a fresh one (epoch 1), a steal
-// (epoch + 1) or the holder's retry (the same epoch, a lease that is never
-// shortened). Whatever payload the row had is cleared. An empty
-// fingerprint is an empty BLOB (see completeSQL for the coalesce).
+// insertSQL writes a record in progress, of the arguments of takeSQL and
+// createSQL, when no row has the key. An empty fingerprint is an empty
+// BLOB (see completeSQL for the coalesce).
 //
 //	?1 key, ?2 token, ?3 fingerprint, ?4 epoch, ?5 lease_until,
 //	?6 ttl_until, ?7 now
-const takeSQL = `INSERT INTO {table}
+const insertSQL = `INSERT INTO {table}
 	(key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, status, headers, body, body_omitted, updated_at)
-VALUES (?1, 'in_progress', ?2, coalesce(?3, x''), ?4, ?5, ?6, max(?5, ?6), NULL, NULL, NULL, NULL, ?7)
+VALUES (?1, 'in_progress', ?2, coalesce(?3, x''), ?4, ?5, ?6, max(?5, ?6), NULL, NULL, NULL, NULL, ?7)`
+
+// takeSQL writes a record in progress whatever row has the key: a fresh
+// one (epoch 1), a steal (epoch + 1) or the holder's retry (the same
+// epoch, a lease that is never shortened). Whatever payload the row had
+// is cleared. Its arguments are insertSQL's.
+const takeSQL = insertSQL + `
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 	epoch = excluded.epoch, lease_until = excluded.lease_until, ttl_until = excluded.ttl_until,
@@ -50,12 +55,8 @@ ON CONFLICT (key) DO UPDATE SET
 // when one appeared since, it changes nothing, and Acquire decides again
 // under the lock (takeSQL). Neither a read under the lock nor BEGIN and
 // COMMIT: the first execution of a new key, the common one, writes once.
-//
-//	?1 key, ?2 token, ?3 fingerprint, ?4 the lease and ?5 the TTL in
-//	microseconds, ?6 now
-const createSQL = `INSERT INTO {table}
-	(key, state, token, fingerprint, epoch, lease_until, ttl_until, expires_at, status, headers, body, body_omitted, updated_at)
-VALUES (?1, 'in_progress', ?2, coalesce(?3, x''), 1, ?6 + ?4, ?6 + ?5, ?6 + max(?4, ?5), NULL, NULL, NULL, NULL, ?6)
+// Its arguments are insertSQL's.
+const createSQL = insertSQL + `
 ON CONFLICT (key) DO NOTHING`
 
 // completeSQL is the complete edge, and the fence of Tx.Complete: it

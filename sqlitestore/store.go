@@ -275,7 +275,9 @@ func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (id
 		if s.afterEmptyRead != nil {
 			s.afterEmptyRead(req.Key)
 		}
-		n, err := s.autocommit(ctx, s.stmt.create, req.Key, req.Token, []byte(req.Fingerprint), micros(req.Lease), micros(req.TTL))
+		n, err := s.autocommit(ctx, s.stmt.create, func(now int64) []any {
+			return []any{req.Key, req.Token, []byte(req.Fingerprint), 1, now + micros(req.Lease), now + micros(req.TTL), now}
+		})
 		if err != nil {
 			return idempotency.Acquisition{}, opError("acquire", req.Key, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	sqlite3 "modernc.org/sqlite/lib"
@@ -75,7 +77,7 @@ func (w *writer) stmt(_ context.Context, st *sql.Stmt) *sql.Stmt { return w.stmt
 // the pool, or, when bad, has database/sql close it: a connection whose
 // transaction could not be ended is never used again.
 func (w *writer) close(bad bool) {
-	for _, s := range append([]*sql.Stmt{w.begin, w.commit, w.rollback}, valuesOf(w.stmts)...) {
+	for _, s := range append([]*sql.Stmt{w.begin, w.commit, w.rollback}, slices.Collect(maps.Values(w.stmts))...) {
 		if s != nil {
 			s.Close()
 		}
@@ -84,14 +86,6 @@ func (w *writer) close(bad bool) {
 		_ = w.conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
 	w.conn.Close()
-}
-
-func valuesOf(m map[*sql.Stmt]*sql.Stmt) []*sql.Stmt {
-	out := make([]*sql.Stmt, 0, len(m))
-	for _, s := range m {
-		out = append(out, s)
-	}
-	return out
 }
 
 // write runs fn in a write transaction of the Store's writer: BEGIN
@@ -107,81 +101,73 @@ func valuesOf(m map[*sql.Stmt]*sql.Stmt) []*sql.Stmt {
 // for every statement (3% of a first execution's time, measured against
 // the record floor in benchmarks/sqlitebench).
 func (s *Store) write(ctx context.Context, fn func(ctx context.Context, in stmtIn, now int64) (commit bool, err error)) error {
-	if err := s.take(ctx); err != nil {
+	return s.withWriter(ctx, func(w *writer) error {
+		if _, err := w.begin.ExecContext(ctx); err != nil {
+			// A BEGIN IMMEDIATE that failed (busy, interrupted) began no
+			// transaction.
+			return fmt.Errorf("begin: %w", err)
+		}
+		in := context.WithoutCancel(ctx)
+		commit, err := fn(in, w.stmt, s.now())
+		if err == nil && commit && ctx.Err() != nil {
+			err = fmt.Errorf("before commit: %w", context.Cause(ctx))
+		}
+		if err == nil && commit {
+			if _, err = w.commit.ExecContext(in); err == nil {
+				return nil
+			}
+			err = fmt.Errorf("commit: %w", err)
+		}
+		// After SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY or SQLITE_NOMEM
+		// SQLite may have rolled the transaction back itself, and the
+		// ROLLBACK then fails with no harm done (SQLite's documentation
+		// of these errors asks for it all the same). A ROLLBACK that fails
+		// otherwise may leave the connection in a transaction: it is not
+		// used again.
+		if _, rerr := w.rollback.ExecContext(in); rerr != nil && !noTransaction(rerr) {
+			w.close(true)
+			s.w = nil
+		}
 		return err
-	}
-	defer s.give()
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	w, err := s.writerLocked(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err := w.begin.ExecContext(ctx); err != nil {
-		// A BEGIN IMMEDIATE that failed (busy, interrupted) began no
-		// transaction.
-		return fmt.Errorf("begin: %w", err)
-	}
-	in := context.WithoutCancel(ctx)
-	commit, err := fn(in, w.stmt, s.now())
-	if err == nil && commit && ctx.Err() != nil {
-		err = fmt.Errorf("before commit: %w", context.Cause(ctx))
-	}
-	if err == nil && commit {
-		if _, err = w.commit.ExecContext(in); err == nil {
-			return nil
-		}
-		err = fmt.Errorf("commit: %w", err)
-	}
-	// After SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY or SQLITE_NOMEM SQLite
-	// may have rolled the transaction back itself, and the ROLLBACK then
-	// fails with no harm done (SQLite's documentation of these errors
-	// asks for it all the same). A ROLLBACK that fails otherwise may leave
-	// the connection in a transaction: it is not used again.
-	if _, rerr := w.rollback.ExecContext(in); rerr != nil && !noTransaction(rerr) {
-		w.close(true)
-		s.w = nil
-	}
-	return err
-}
-
-// writerLocked returns the Store's writer, opening one when the last was
-// closed; s.wmu is held.
-func (s *Store) writerLocked(ctx context.Context) (*writer, error) {
-	if s.w == nil {
-		if s.closed.Load() {
-			return nil, idempotency.ErrStoreClosed
-		}
-		w, err := openWriter(ctx, s.db, s.stmt)
-		if err != nil {
-			return nil, err
-		}
-		s.w = w
-	}
-	return s.w, nil
+	})
 }
 
 // autocommit runs st, one of the Store's statements, on the writer as a
 // transaction of its own (SQLite commits it, or rolls it back when it
-// fails), in the Store's write turn, with now the Store's clock read in
-// the turn as the last argument. It returns the rows st changed. ctx
+// fails), in the Store's write turn, with the arguments args gives for
+// the Store's clock read in the turn. It returns the rows st changed. ctx
 // bounds the waits, for the turn and for the file's write lock.
-func (s *Store) autocommit(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
+func (s *Store) autocommit(ctx context.Context, st *sql.Stmt, args func(now int64) []any) (n int64, err error) {
+	err = s.withWriter(ctx, func(w *writer) error {
+		res, err := w.stmt(ctx, st).ExecContext(ctx, args(s.now())...)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
+	return n, err
+}
+
+// withWriter runs fn with the Store's writer, in the Store's write turn,
+// opening a writer when the last one was closed.
+func (s *Store) withWriter(ctx context.Context, fn func(*writer) error) error {
 	if err := s.take(ctx); err != nil {
-		return 0, err
+		return err
 	}
 	defer s.give()
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	w, err := s.writerLocked(ctx)
-	if err != nil {
-		return 0, err
+	if s.w == nil {
+		if s.closed.Load() {
+			return idempotency.ErrStoreClosed
+		}
+		w, err := openWriter(ctx, s.db, s.stmt)
+		if err != nil {
+			return err
+		}
+		s.w = w
 	}
-	res, err := w.stmt(ctx, st).ExecContext(ctx, append(args, s.now())...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return fn(s.w)
 }
 
 // noTransaction reports the error of a ROLLBACK without a transaction.

@@ -203,13 +203,8 @@ func values(d dirs) map[string]string {
 		v["keys_"+store] = flat(func(c, n string) (float64, bool) { return get(kc, "sec/req@keys="+n, "KeyCount/"+c, col) }, 0)
 		// SQLite's replays are read beside its record floor on the same
 		// files: whether a rise is the store's or the file's.
-		if base, ok := get(kc, "sec/floor@keys=1000", "KeyCount/Replay", col); ok && store == "sqlite" {
-			rise := 0.0
-			for _, n := range []string{"10000", "100000", "1000000"} {
-				if x, ok := get(kc, "sec/floor@keys="+n, "KeyCount/Replay", col); ok {
-					rise = math.Max(rise, x-base)
-				}
-			}
+		floorAt := func(n string) (float64, bool) { return get(kc, "sec/floor@keys="+n, "KeyCount/Replay", col) }
+		if base, rise, ok := largestRise(floorAt); ok && store == "sqlite" {
 			judged, judgement, _ := strings.Cut(v["keys_"+store], " | ")
 			v["keys_"+store] = fmt.Sprintf("%s; the record floor's replay on the same files (one `SELECT` by primary key) %+.0f%% (%s at 10³) | %s",
 				judged, 100*rise/base, micros(base), judgement)
@@ -493,17 +488,9 @@ func flat(at func(c, n string) (float64, bool), request float64) string {
 	var parts []string
 	ok := true
 	for _, c := range []string{"Replay", "FirstExecution"} {
-		base, found := at(c, "1000")
+		base, rise, found := largestRise(func(n string) (float64, bool) { return at(c, n) })
 		if !found {
 			return notMeasured
-		}
-		rise := 0.0
-		for _, n := range []string{"10000", "100000", "1000000"} {
-			x, found := at(c, n)
-			if !found {
-				return notMeasured
-			}
-			rise = math.Max(rise, x-base)
 		}
 		if request > 0 {
 			ok = ok && rise <= flatLimit*request
@@ -514,6 +501,22 @@ func flat(at func(c, n string) (float64, bool), request float64) string {
 		}
 	}
 	return "largest rise over the 10³ value: " + strings.Join(parts, "; ") + " | " + verdict(ok)
+}
+
+// largestRise returns the value at 10³ records that at(n) gives, and the
+// largest rise over it at 10⁴, 10⁵ and 10⁶; false when one is missing.
+func largestRise(at func(n string) (float64, bool)) (base, rise float64, ok bool) {
+	if base, ok = at("1000"); !ok {
+		return 0, 0, false
+	}
+	for _, n := range []string{"10000", "100000", "1000000"} {
+		x, ok := at(n)
+		if !ok {
+			return 0, 0, false
+		}
+		rise = math.Max(rise, x-base)
+	}
+	return base, rise, true
 }
 
 // roundTrips judges the round-trip tests from their verbose output: each

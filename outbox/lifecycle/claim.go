@@ -78,16 +78,12 @@ func (t *Table) Claim(ctx context.Context, db DB, token, relay string, lease tim
 	}
 	defer rows.Close()
 	var out []ClaimedMessage
-	var cells [9]cell
-	dst := make([]any, len(cells))
-	for i := range cells {
-		dst[i] = &cells[i]
-	}
+	cells, dst := newCells(len(claimColumns))
 	for rows.Next() {
 		if err := rows.Scan(dst...); err != nil {
 			return nil, fmt.Errorf("lifecycle: claim: %w", err)
 		}
-		c, err := t.decodeClaimed(cells[:])
+		c, err := t.decodeClaimed(cells)
 		if err != nil { // the row's id itself: nothing to mark it by
 			return nil, fmt.Errorf("lifecycle: claim: %w", err)
 		}

@@ -367,6 +367,16 @@ func (c *cell) Scan(src any) error {
 	return nil
 }
 
+// newCells returns n cells and the destinations of a Scan into them.
+func newCells(n int) ([]cell, []any) {
+	cells := make([]cell, n)
+	dst := make([]any, n)
+	for i := range cells {
+		dst[i] = &cells[i]
+	}
+	return cells, dst
+}
+
 // errNull is the error of a NULL where a column holds a value.
 var errNull = errors.New("is NULL")
 

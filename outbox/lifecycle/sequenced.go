@@ -84,16 +84,12 @@ func (t *Table) Messages(ctx context.Context, db DB, storageKey string) ([]Seque
 	}
 	defer rows.Close()
 	var out []Sequenced
-	var cells [len(sequencedColumns)]cell
-	dst := make([]any, len(cells))
-	for i := range cells {
-		dst[i] = &cells[i]
-	}
+	cells, dst := newCells(len(sequencedColumns))
 	for rows.Next() {
 		if err := rows.Scan(dst...); err != nil {
 			return nil, fmt.Errorf("lifecycle: messages: %w", err)
 		}
-		m, err := t.decodeSequenced(storageKey, cells[:])
+		m, err := t.decodeSequenced(storageKey, cells)
 		if err != nil { // the row's id itself: nothing to name it by
 			return nil, fmt.Errorf("lifecycle: messages: %w", err)
 		}

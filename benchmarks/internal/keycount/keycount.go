@@ -74,7 +74,7 @@ func Run(b *testing.B, stores []idempotency.Store, key func(n uint64) string, fl
 			for k := range Sizes {
 				j := (i + k) % len(Sizes)
 				for n := range sides {
-					side := (n + i/len(Sizes)) % sides
+					side := (n + i) % sides
 					start := time.Now()
 					if err := op(side, j, i); err != nil {
 						b.Fatal(err)

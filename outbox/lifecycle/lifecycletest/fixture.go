@@ -50,6 +50,16 @@ func (f *fixture) enqueueAt(storageKey string, msgs ...lifecycle.NewMessage) ([]
 // msg is a ready message of topic.
 func msg(topic string) lifecycle.NewMessage { return lifecycle.NewMessage{Topic: topic} }
 
+// insertSequenced is InsertSequenced of one message, whose parameters are
+// its storage key, seq, topic, payload, headers and ordering key, enqueued
+// at the database's clock.
+func (f *fixture) insertSequenced() string {
+	d := f.Table.Dialect()
+	return f.Table.InsertSequenced(`(SELECT ` + d.Param(1, "text") + ` AS storage_key, ` + d.Param(2, "integer") + ` AS seq, ` +
+		d.Param(3, "text") + ` AS topic, ` + d.Param(4, "bytea") + ` AS payload, ` + d.Param(5, "text") + ` AS headers, ` +
+		d.Param(6, "text") + ` AS ordering_key, ` + d.Now + ` AS enqueued_at)`)
+}
+
 // claim claims up to n messages under token for lease, by relay
 // "relay-<token>".
 func (f *fixture) claim(t *testing.T, token string, n int, lease time.Duration) []lifecycle.ClaimedMessage {

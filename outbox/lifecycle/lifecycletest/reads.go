@@ -225,9 +225,7 @@ var readTests = []test{
 		// a sequence written twice is refused by the unique index.
 		f := newFixture(tg)
 		d := f.Table.Dialect()
-		insert := f.Table.InsertSequenced(`(SELECT ` + d.Param(1, "text") + ` AS storage_key, ` + d.Param(2, "integer") + ` AS seq, ` +
-			d.Param(3, "text") + ` AS topic, ` + d.Param(4, "bytea") + ` AS payload, ` + d.Param(5, "text") + ` AS headers, ` +
-			d.Param(6, "text") + ` AS ordering_key, ` + d.Now + ` AS enqueued_at)`)
+		insert := f.insertSequenced()
 		for _, seq := range []int32{2, 3} {
 			if err := f.DB.Exec(ctx, insert, "rec", seq, "state.payment", []byte(`{"v":1}`), `{"traceparent":"x"}`, "acme/payment/1"); err != nil {
 				t.Fatalf("insert %d: %v", seq, err)
@@ -265,10 +263,7 @@ var readTests = []test{
 		// column, beside the storage key's other messages, read as they
 		// are.
 		f := newFixture(tg)
-		d := f.Table.Dialect()
-		insert := f.Table.InsertSequenced(`(SELECT ` + d.Param(1, "text") + ` AS storage_key, ` + d.Param(2, "integer") + ` AS seq, ` +
-			d.Param(3, "text") + ` AS topic, ` + d.Param(4, "bytea") + ` AS payload, ` + d.Param(5, "text") + ` AS headers, ` +
-			d.Param(6, "text") + ` AS ordering_key, ` + d.Now + ` AS enqueued_at)`)
+		insert := f.insertSequenced()
 		seqs := 3 + len(tg.Corruptions)
 		for seq := range int32(seqs) {
 			if err := f.DB.Exec(ctx, insert, "rec", seq+1, "state.payment", []byte(`{"v":1}`), `{"k":"v"}`, "acme/payment/1"); err != nil {
