@@ -17,8 +17,10 @@
 // foreign_keys=ON, a busy timeout (WithBusyTimeout, 5s by default) and
 // BEGIN IMMEDIATE for every transaction, so a writer takes the file's write
 // lock before it reads: writers are serialized, and what a writer read
-// stays true until its COMMIT. The Store's own writes run on a connection
-// it keeps for them, with BEGIN IMMEDIATE and COMMIT prepared once. It creates the records' table when it does
+// stays true until its COMMIT. The Store's own writes, and the
+// transactions of transactional requests, run on a connection it keeps for
+// them, with BEGIN IMMEDIATE and COMMIT prepared once. It creates the
+// records' table when it does
 // not exist (see Schema), and checks the file: it refuses, with an error
 // naming the cause, a file it cannot write (PRAGMA query_only, a read-only
 // file or connection, a directory where SQLite cannot create the -wal and

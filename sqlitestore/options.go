@@ -153,11 +153,11 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithMaxConns bounds the connections the Store opens to the file for
-// reads, transactional requests and the application's own statements (the
-// pool of the *sql.DB it returns from DB); the Store keeps one more for its
-// own writes. Readers run in parallel, one per connection; writers take
-// turns whatever the bound. A transactional request holds one connection
-// while its handler runs. It panics when n is not positive.
+// reads and the application's own statements (the pool of the *sql.DB it
+// returns from DB); the Store keeps one more for its own writes and the
+// transactional requests' transactions, which take turns on it. Readers
+// run in parallel, one per connection; writers take turns whatever the
+// bound. It panics when n is not positive.
 //
 // Default: 8.
 func WithMaxConns(n int) Option {

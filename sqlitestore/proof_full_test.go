@@ -21,9 +21,9 @@ import (
 // on the file once it takes writes again runs the client's retry once.
 //
 // The handler sets a PRAGMA on the connection on which the Store then
-// writes the record: in the request's transaction on a transactional
-// route (the server's Store has one connection for requests,
-// WithMaxConns(1)), and on the Store's own writer on the plain route.
+// writes the record, the Store's own writer: through the request's
+// transaction, which runs on it, on a transactional route, and in the
+// Store's write turn on the plain route.
 //
 //   - A full disk is PRAGMA max_page_count = 1, which SQLite raises to the
 //     pages the file holds: the file may not grow, and a write that needs
@@ -47,7 +47,7 @@ func TestProofFileRefusesTheRecord(t *testing.T) {
 	} {
 		t.Run(tc.name+", transactional route", func(t *testing.T) {
 			r := newRig(t)
-			srv := r.start(proofConnsEnv+"=1", proofLeaseEnv+"="+lease.String())
+			srv := r.start(proofLeaseEnv + "=" + lease.String())
 			const key = "refused-tx"
 			a := r.post(srv.url, "/pay", key, pragmaHeader, tc.pragma, bodyHeader, "65536")
 			wantReply(t, "the request whose record the file refused", a, http.StatusServiceUnavailable, string(idempotency.CodeOutcomeUnknown), false)
@@ -77,7 +77,7 @@ func TestProofFileRefusesTheRecord(t *testing.T) {
 
 		t.Run(tc.name+", plain route", func(t *testing.T) {
 			r := newRig(t)
-			srv := r.start(proofConnsEnv+"=1", proofLeaseEnv+"="+lease.String())
+			srv := r.start(proofLeaseEnv + "=" + lease.String())
 			const key = "refused-plain"
 			a := r.post(srv.url, "/plain", key, pragmaHeader, tc.pragma, bodyHeader, "65536")
 			// A plain route answers the client first and stores after: the

@@ -38,7 +38,6 @@ const (
 	proofFileEnv   = "SQLITESTORE_PROOF_FILE"   // the SQLite file
 	proofLeaseEnv  = "SQLITESTORE_PROOF_LEASE"  // the middleware's lease (WithLease); default 10s
 	proofPollEnv   = "SQLITESTORE_PROOF_POLL"   // WithPollInterval; default 0
-	proofConnsEnv  = "SQLITESTORE_PROOF_CONNS"  // WithMaxConns; default the Store's
 )
 
 // proofLinePrefix starts the lines a server process reports to its parent.
@@ -109,13 +108,6 @@ func TestProofServerProcess(t *testing.T) {
 		}
 		opts = append(opts, sqlitestore.WithPollInterval(poll))
 	}
-	if v := os.Getenv(proofConnsEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts = append(opts, sqlitestore.WithMaxConns(n))
-	}
 	store, err := sqlitestore.Open(os.Getenv(proofFileEnv), opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -185,9 +177,9 @@ func (s *proofServer) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p := r.Header.Get(pragmaHeader); p != "" {
-		// On a transactional route the record is written in the
-		// request's transaction, on its connection; on the plain route,
-		// after the handler, on the Store's own writer's.
+		// The record is written on the Store's own writer: on a
+		// transactional route in the request's transaction, which runs
+		// on it; on the plain route after the handler, in the write turn.
 		var err error
 		if _, ok := sqlitestore.TxFromContext(ctx); ok {
 			_, err = db.ExecContext(ctx, "PRAGMA "+p)

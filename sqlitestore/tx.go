@@ -19,7 +19,8 @@ import (
 // write of the Store (the acquire of a new key, a complete, a release, an
 // extend of another key) waits for the handler to return; the heartbeat's
 // extends of key itself run inside the transaction (see Store.Extend). It
-// also holds one of the Store's connections (WithMaxConns).
+// runs on the connection of the Store's own writes, which waits for the
+// write turn anyway, and takes none of WithMaxConns's.
 //
 // ctx bounds the begin only: the wait for the Store's write turn, which a
 // running transactional handler holds (the middleware gives it a third of
@@ -37,20 +38,23 @@ func (s *Store) BeginTx(ctx context.Context, key, token string) (idempotency.Tx,
 	if err := s.take(ctx); err != nil {
 		return nil, opError("begin", key, err)
 	}
-	conn, err := s.db.Conn(ctx)
+	w, err := s.takeWriter(ctx)
 	if err != nil {
 		s.give()
 		return nil, opError("begin", key, err)
 	}
 	// The transaction outlives ctx: database/sql would roll it back when
-	// the context it began with ends.
-	tx, err := conn.BeginTx(context.WithoutCancel(ctx), nil)
+	// the context it began with ends. It is a *sql.Tx, not the writer's
+	// prepared BEGIN, for what the handler's statements get from one:
+	// those it prepared are closed and its open rows end with it, and a
+	// call after it ended fails with sql.ErrTxDone.
+	tx, err := w.conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
-		conn.Close()
+		s.putWriter(w)
 		s.give()
 		return nil, opError("begin", key, err)
 	}
-	t := &Tx{s: s, conn: conn, tx: tx, key: key, token: token, handle: &HandlerTx{tx: tx, s: s}}
+	t := &Tx{s: s, w: w, tx: tx, key: key, token: token, handle: &HandlerTx{tx: tx, s: s}}
 	s.txMu.Lock()
 	s.txs[key] = t
 	s.txMu.Unlock()
@@ -68,7 +72,7 @@ func (s *Store) openTx(key string) *Tx {
 // idempotency.Tx.
 type Tx struct {
 	s          *Store
-	conn       *sql.Conn
+	w          *writer // the Store's, taken until the transaction ends
 	tx         *sql.Tx
 	key, token string
 	handle     *HandlerTx
@@ -155,8 +159,10 @@ func (t *Tx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-// endLocked commits or rolls back, then gives the connection and the
-// write turn back. t.mu is held.
+// endLocked commits or rolls back, then gives the writer and the write
+// turn back. t.mu is held. When the COMMIT or the ROLLBACK failed, the
+// writer's own ROLLBACK ends what SQLite may have left open (see
+// writer.abort).
 func (t *Tx) endLocked(commit bool) error {
 	t.done = true
 	var err error
@@ -165,12 +171,15 @@ func (t *Tx) endLocked(commit bool) error {
 	} else if err = t.tx.Rollback(); errors.Is(err, sql.ErrTxDone) {
 		err = nil
 	}
+	if err != nil {
+		t.w.abort(context.Background())
+	}
 	t.s.txMu.Lock()
 	if t.s.txs[t.key] == t {
 		delete(t.s.txs, t.key)
 	}
 	t.s.txMu.Unlock()
-	t.conn.Close()
+	t.s.putWriter(t.w)
 	t.s.give()
 	if commit && err == nil && t.handle.wroteOutbox.Load() {
 		t.s.committedOutbox()

@@ -220,6 +220,108 @@ func TestTxStolenLeaseLost(t *testing.T) {
 	}
 }
 
+// beginPayment acquires key for token on s, begins its transaction and
+// writes its payment in it.
+func beginPayment(t *testing.T, s *sqlitestore.Store, key, token string) idempotency.Tx {
+	t.Helper()
+	acquire(t, s, req(key, token, "fp", time.Minute, time.Hour), idempotency.Acquired)
+	tx, err := s.BeginTx(ctx, key, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := tx.Handle().(*sqlitestore.HandlerTx)
+	if _, err := h.ExecContext(ctx, `INSERT INTO payments (idem_key, epoch, amount) VALUES (?, 1, 100)`, key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// TestTxTakesNoPoolConnection: a transaction runs on the connection of
+// the Store's own writes, not on one of WithMaxConns's. With one
+// connection in the pool, a replay and the application's own read go on
+// while a transactional handler holds its transaction open (with the
+// transaction on the pool's one connection, both waited for it).
+func TestTxTakesNoPoolConnection(t *testing.T) {
+	s := open(t, newPath(t), sqlitestore.WithMaxConns(1))
+	if _, err := s.DB().ExecContext(ctx, bankSchema); err != nil {
+		t.Fatal(err)
+	}
+	done := newKey()
+	acquire(t, s, req(done, "a", "fp", time.Minute, time.Hour), idempotency.Acquired)
+	if err := s.Complete(ctx, done, "a", &idempotency.Response{Status: http.StatusOK, Body: []byte("paid")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	key := newKey()
+	tx := beginPayment(t, s, key, "b")
+	defer tx.Rollback(ctx)
+
+	bounded, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	a, err := s.Acquire(bounded, req(done, "c", "fp", time.Minute, time.Hour))
+	if err != nil || a.Outcome != idempotency.Completed {
+		t.Fatalf("a replay beside an open transaction: %+v, %v; want a replay", a, err)
+	}
+	var n int
+	if err := s.DB().QueryRowContext(bounded, `SELECT count(*) FROM payments`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the application's read beside an open transaction: %d rows, %v; want 0 (uncommitted)", n, err)
+	}
+	if err := tx.Complete(ctx, &idempotency.Response{Status: http.StatusCreated}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTxOutlivesClose: a transaction begun before Close completes, or
+// rolls back, after it, and Close does not wait for it. The file then
+// holds the payment and the COMPLETE record together, or neither.
+func TestTxOutlivesClose(t *testing.T) {
+	for _, commit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("commit=%v", commit), func(t *testing.T) {
+			path := newPath(t)
+			s, err := sqlitestore.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.DB().ExecContext(ctx, bankSchema); err != nil {
+				t.Fatal(err)
+			}
+			key := newKey()
+			tx := beginPayment(t, s, key, "owner")
+			closed := make(chan error, 1)
+			go func() { closed <- s.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close waits for the open transaction")
+			}
+			if commit {
+				err = tx.Complete(ctx, &idempotency.Response{Status: http.StatusCreated, Body: []byte("paid")}, time.Hour)
+			} else {
+				err = tx.Rollback(ctx)
+			}
+			if err != nil {
+				t.Fatalf("ending the transaction after Close: %v", err)
+			}
+
+			s = open(t, path)
+			var payments int
+			if err := s.DB().QueryRowContext(ctx, `SELECT count(*) FROM payments WHERE idem_key = ?`, key).Scan(&payments); err != nil {
+				t.Fatal(err)
+			}
+			want, wantPayments := idempotency.InFlight, 0
+			if commit {
+				want, wantPayments = idempotency.Completed, 1
+			}
+			a, err := s.Acquire(ctx, req(key, "other", "fp", time.Minute, time.Hour))
+			if err != nil || a.Outcome != want || payments != wantPayments {
+				t.Fatalf("reopened: %v (%v), %d payment rows; want %v and %d", a.Outcome, err, payments, want, wantPayments)
+			}
+		})
+	}
+}
+
 // extendCounter is the Store as the middleware sees it, counting the
 // heartbeat's extends and their failures.
 type extendCounter struct {
