@@ -36,12 +36,8 @@ func (s *Store) Waiters(key string) int {
 // its write turn: the proofs make that connection refuse writes as a full
 // disk or a read-only file would.
 func (s *Store) WriterExec(ctx context.Context, query string) error {
-	if err := s.take(ctx); err != nil {
+	return s.withWriter(ctx, func(w *writer) error {
+		_, err := w.conn.ExecContext(ctx, query)
 		return err
-	}
-	defer s.give()
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	_, err := s.w.conn.ExecContext(ctx, query)
-	return err
+	})
 }
