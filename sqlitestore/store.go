@@ -311,7 +311,11 @@ func (s *Store) read(ctx context.Context, key string) (*record, error) {
 		return nil, err
 	}
 	defer s.putWriter(w)
-	return scanRecord(w.stmt(ctx, s.stmt.read).QueryRowContext(ctx, key))
+	// On the writer the read waits for nothing: it runs without ctx's
+	// cancellation, which database/sql and the driver would each watch
+	// with a goroutine of their own.
+	in := context.WithoutCancel(ctx)
+	return scanRecord(w.stmt(in, s.stmt.read).QueryRowContext(in, key))
 }
 
 // acquireLocked is Acquire's write: in a BEGIN IMMEDIATE transaction, it

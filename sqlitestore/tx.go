@@ -118,16 +118,22 @@ func (t *Tx) Complete(ctx context.Context, resp *idempotency.Response, ttl time.
 	}
 	// The transaction holds the write lock: the row read here is the one
 	// the fence judges. The read tells a row that is not a record, which
-	// the fence alone could match.
+	// the fence alone could match. Under the lock the statements wait for
+	// nothing, and run without ctx's cancellation, as the Store's own
+	// writes do (see Store.write); a ctx that ended before the COMMIT
+	// rolls the transaction back.
+	in := context.WithoutCancel(ctx)
 	now := t.s.now()
-	r, err := t.s.readIn(ctx, t.tx.StmtContext, t.key)
+	r, err := t.s.readIn(in, t.tx.StmtContext, t.key)
 	switch {
 	case err != nil:
 	case !r.held(t.token, now):
 		err = idempotency.ErrLeaseLost
 	default:
-		if err = t.s.fence(ctx, t.tx.StmtContext, t.key, t.token, e, ttl, now); errors.Is(err, errFenced) {
+		if err = t.s.fence(in, t.tx.StmtContext, t.key, t.token, e, ttl, now); errors.Is(err, errFenced) {
 			err = idempotency.ErrLeaseLost
+		} else if err == nil && ctx.Err() != nil {
+			err = fmt.Errorf("before commit: %w", context.Cause(ctx))
 		}
 	}
 	if err != nil {

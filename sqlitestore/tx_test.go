@@ -270,6 +270,32 @@ func TestTxTakesNoPoolConnection(t *testing.T) {
 	}
 }
 
+// TestTxCompleteEndedContext: Tx.Complete with a context that ended
+// rolls the transaction back, the payment with it, and leaves the record
+// in progress; the write turn is given back.
+func TestTxCompleteEndedContext(t *testing.T) {
+	s := open(t, newPath(t))
+	if _, err := s.DB().ExecContext(ctx, bankSchema); err != nil {
+		t.Fatal(err)
+	}
+	key := newKey()
+	tx := beginPayment(t, s, key, "owner")
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err := tx.Complete(ended, &idempotency.Response{Status: http.StatusCreated}, time.Hour)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Tx.Complete with an ended context: %v, want context.Canceled", err)
+	}
+	var n int
+	if err := s.DB().QueryRowContext(ctx, `SELECT count(*) FROM payments WHERE idem_key = ?`, key).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d payment rows (%v), want none", n, err)
+	}
+	acquire(t, s, req(key, "other", "fp", time.Minute, time.Hour), idempotency.InFlight)
+	if err := s.Complete(ctx, key, "owner", &idempotency.Response{Status: http.StatusOK}, time.Hour); err != nil {
+		t.Fatalf("Complete after the rolled-back transaction: %v", err)
+	}
+}
+
 // TestTxOutlivesClose: a transaction begun before Close completes, or
 // rolls back, after it, and Close does not wait for it. The file then
 // holds the payment and the COMPLETE record together, or neither.
