@@ -16,11 +16,11 @@ import (
 // and neither waits for a writer nor makes one wait (Store.read runs it on
 // the writer's connection only while no write of the Store runs). Every
 // write but createSQL runs in a BEGIN IMMEDIATE transaction, which takes
-// the file's write lock before its first statement: the Store reads the row again under the lock, decides
-// in Go, and writes with one of the statements below. Each write statement
-// also carries its condition in its WHERE clause (the fence), which under
-// the lock holds by construction, and which Tx.Complete relies on inside
-// the handler's transaction.
+// the file's write lock before its first statement: the Store reads the row
+// again under the lock, decides in Go, and writes with one of the
+// statements below. Each write statement also carries its condition in its
+// WHERE clause (the fence), which under the lock holds by construction, and
+// which Tx.Complete relies on inside the handler's transaction.
 
 // readSQL reads one record.
 //

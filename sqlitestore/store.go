@@ -243,15 +243,15 @@ func (s *Store) readIn(ctx context.Context, in stmtIn, key string) (*record, err
 
 // Acquire implements idempotency.Store. It reads the record outside any
 // transaction, and answers from that read a replay, a mismatch and a
-// duplicate in flight: a plain read in WAL mode, which waits for no
-// writer (see Store.read). With no row, it writes the fresh record in one statement that
-// writes nothing when a row appeared since (createSQL). Otherwise (a row
-// appeared, an expired one, a lease that ran out, the holder's retry) it
-// writes in a BEGIN IMMEDIATE transaction, deciding again on the row read
-// under the lock. A retry by the token that holds
-// the record renews its lease to run req.Lease from now when it would end
-// sooner, even if it had run out, as long as no other token took the
-// record over. A row that is not a record is reported as an error wrapping
+// duplicate in flight: a plain read in WAL mode, which waits for no writer
+// (see Store.read). With no row, it writes the fresh record in one
+// statement that writes nothing when a row appeared since (createSQL).
+// Otherwise (a row appeared, an expired one, a lease that ran out, the
+// holder's retry) it writes in a BEGIN IMMEDIATE transaction, deciding
+// again on the row read under the lock. A retry by the token that holds the
+// record renews its lease to run req.Lease from now when it would end
+// sooner, even if it had run out, as long as no other token took the record
+// over. A row that is not a record is reported as an error wrapping
 // idempotency.ErrCorruptRecord, and left as it is.
 func (s *Store) Acquire(ctx context.Context, req idempotency.AcquireRequest) (idempotency.Acquisition, error) {
 	if err := s.check(req.Key, req.Token); err != nil {
