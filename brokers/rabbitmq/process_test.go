@@ -195,7 +195,18 @@ func TestProcessWaitEndsWithContext(t *testing.T) {
 		return "applied", nil
 	}, idemrabbit.WithBackoff(time.Minute, time.Minute), idemrabbit.WithErrorHandler(quiet))
 	holderDone := make(chan error, 1)
-	holder := next(t, subscribe(t, queue, 1))
+	// The holder's consumer is cancelled once it has the holder's
+	// delivery, which its channel still settles: with room again after
+	// that settlement, it could otherwise take the requeued duplicate
+	// that ds waits for.
+	hch := rabbittest.Channel(t)
+	if err := hch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	holder := next(t, consumeOn(t, hch, queue))
+	if err := hch.Cancel(holder.ConsumerTag, false); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		_, _, err := p.Process(context.Background(), holder)
 		holderDone <- err
