@@ -17,17 +17,17 @@
 // foreign_keys=ON, a busy timeout (WithBusyTimeout, 5s by default) and
 // BEGIN IMMEDIATE for every transaction, so a writer takes the file's write
 // lock before it reads: writers are serialized, and what a writer read
-// stays true until its COMMIT. The Store's own writes, and the transactions
-// of transactional requests, run on a connection it keeps for them, with
-// BEGIN IMMEDIATE and COMMIT prepared once. It creates the records' table
-// when it does not exist (see Schema), and checks the file: it refuses,
-// with an error naming the cause, a file it cannot write (PRAGMA
-// query_only, a read-only file or connection, a directory where SQLite
-// cannot create the -wal and -shm files), a journal that is not in WAL mode
-// (a filesystem without shared memory), and a table of that name with other
-// columns. Store.Check runs the same checks again. CheckFile judges a file
-// from outside the application (from a deployment pipeline, or idemctl
-// check -sqlite), item by item, in the Report of package
+// stays true until its COMMIT. The Store's own writes run on a connection
+// it keeps for them, with BEGIN IMMEDIATE and COMMIT prepared once, and the
+// transactions of transactional requests run on it too. It creates the
+// records' table when it does not exist (see Schema), and checks the file:
+// it refuses, with an error naming the cause, a file it cannot write
+// (PRAGMA query_only, a read-only file or connection, a directory where
+// SQLite cannot create the -wal and -shm files), a journal that is not in
+// WAL mode (a filesystem without shared memory), and a table of that name
+// with other columns. Store.Check runs the same checks again. CheckFile
+// judges a file from outside the application (from a deployment pipeline,
+// or idemctl check -sqlite), item by item, in the Report of package
 // servercheck/report: it never creates the file and writes nothing to the
 // database.
 //
