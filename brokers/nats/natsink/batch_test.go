@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,6 +58,27 @@ func stall(t testing.TB, url, subject string) <-chan struct{} {
 		if first {
 			first = false
 			close(arrived)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return arrived
+}
+
+// reached subscribes to subject on a connection of its own. The channel
+// returned gets a value when a message with the Nats-Msg-Id id arrives
+// at the server: its publisher had sent it.
+func reached(t testing.TB, url, subject, id string) <-chan struct{} {
+	t.Helper()
+	nc, _ := natstest.Connect(t, url)
+	arrived := make(chan struct{})
+	var once sync.Once
+	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		if m.Header.Get(jetstream.MsgIDHeader) == id {
+			once.Do(func() { close(arrived) })
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -172,18 +194,23 @@ func TestPublishBatchServerStopped(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := natstest.Connect(t, srv.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	stream, prefix := newStream(t, js, 0)
-	sink := natsink.New(js, natsink.WithWindow(32), natsink.WithTimeout(time.Second))
+	const window = 32
+	sink := natsink.New(js, natsink.WithWindow(window), natsink.WithTimeout(5*time.Second))
 	es := batchOf("b3", 3000, prefix+"a")
-	// The batch waits on the stalled publication at 1,000, while its
-	// window fills, until the server stops.
+	// The batch waits on the stalled publication at 1,000, its window
+	// full, until the server stops. The last publication the window
+	// holds was sent only once the oldest before the stalled one had its
+	// ack: when that publication reaches the server, every envelope
+	// before the stalled one has its outcome.
 	const stalled = 999
 	es[stalled].Topic = "stall." + prefix + "a"
-	arrived := stall(t, srv.URL, es[stalled].Topic)
+	stall(t, srv.URL, es[stalled].Topic)
+	full := reached(t, srv.URL, prefix+"a", es[stalled+window-1].ID)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
 		select {
-		case <-arrived:
+		case <-full:
 			srv.Stop()
 		case <-time.After(30 * time.Second):
 		}
