@@ -51,33 +51,27 @@ func storedIDs(t testing.TB, js jetstream.JetStream, stream string) map[string]i
 // first publication arrives.
 func stall(t testing.TB, url, subject string) <-chan struct{} {
 	t.Helper()
-	nc, _ := natstest.Connect(t, url)
-	arrived := make(chan struct{})
-	first := true
-	if _, err := nc.Subscribe(subject, func(*nats.Msg) {
-		if first {
-			first = false
-			close(arrived)
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return arrived
+	return arrival(t, url, subject, func(*nats.Msg) bool { return true })
 }
 
-// reached subscribes to subject on a connection of its own. The channel
-// returned gets a value when a message with the Nats-Msg-Id id arrives
-// at the server: its publisher had sent it.
+// reached returns a channel that gets a value when a message on subject
+// with the Nats-Msg-Id id arrives at the server: its publisher had sent
+// it.
 func reached(t testing.TB, url, subject, id string) <-chan struct{} {
+	t.Helper()
+	return arrival(t, url, subject, func(m *nats.Msg) bool { return m.Header.Get(jetstream.MsgIDHeader) == id })
+}
+
+// arrival subscribes to subject on a connection of its own. The channel
+// returned gets a value when the first message that match accepts
+// arrives.
+func arrival(t testing.TB, url, subject string, match func(*nats.Msg) bool) <-chan struct{} {
 	t.Helper()
 	nc, _ := natstest.Connect(t, url)
 	arrived := make(chan struct{})
 	var once sync.Once
 	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		if m.Header.Get(jetstream.MsgIDHeader) == id {
+		if match(m) {
 			once.Do(func() { close(arrived) })
 		}
 	}); err != nil {
