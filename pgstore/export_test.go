@@ -66,3 +66,7 @@ func AcquireCode(ctx context.Context, s *Store, tx pgx.Tx, r idempotency.Acquire
 	}
 	return code, err
 }
+
+// AcquireFunction is the statement of RecordsSchema(name) that Migrate runs
+// on a schema already in place.
+var AcquireFunction = acquireFunction

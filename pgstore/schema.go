@@ -157,11 +157,47 @@ func StateHistoryTable(name string) string { return name + "_history" }
 // panics on a bad option as New does. The schema it runs is
 // RecordsSchema's, OutboxSchema's and StateSchema's (Schema's without
 // WithOutboxTable); a table that already exists is left as it is.
+//
+// Migrate runs a part of the schema (the records', the outbox's, the state
+// records') only when one of its tables or indexes is missing; otherwise it
+// only replaces the acquire function. A CREATE INDEX takes a lock on its
+// table that waits for every transaction writing to it, and that new
+// writers wait behind, even when the index exists (IF NOT EXISTS is
+// checked under the lock); taken on a schema already in place, beside
+// instances that are serving, it would stall their writes, and deadlock
+// with a transaction that wrote the outbox and then writes the records'
+// table. On a schema already in place, Migrate takes no lock on any table.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if pool == nil {
 		panic("pgstore: Migrate: nil pool")
 	}
 	cfg := newConfig(opts)
+	records := pgname.Table{Parts: cfg.table.parts}
+	outbox := pgname.Table{Parts: cfg.outbox.parts}
+	states := records.Sibling(DefaultStateTable)
+	history := records.Sibling(StateHistoryTable(DefaultStateTable))
+	// index names the index on what of table t: a relation in t's schema.
+	index := func(t pgname.Table, what string) pgname.Table { return t.Sibling(t.IndexName(what)) }
+	parts := []struct {
+		name      pgname.Table
+		sql       string
+		relations []pgname.Table // its tables and indexes
+		always    string         // run even when none is missing
+	}{{
+		name:      records,
+		sql:       RecordsSchema(records.String()),
+		relations: []pgname.Table{records, index(records, "expires_at")},
+		always:    acquireFunction(records.String()),
+	}, {
+		name: outbox,
+		sql:  OutboxSchema(outbox.String()),
+		relations: []pgname.Table{outbox,
+			index(outbox, "due"), index(outbox, "order"), index(outbox, "claim"), index(outbox, "finished")},
+	}, {
+		name:      states,
+		sql:       StateSchema(states.String()),
+		relations: []pgname.Table{states, history},
+	}}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
@@ -170,20 +206,43 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "pgstore:migrate:"+cfg.table.quoted); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
-	// Without arguments Exec uses the simple protocol, which takes several
-	// statements at once.
-	if _, err := tx.Exec(ctx, RecordsSchema(strings.Join(cfg.table.parts, "."))); err != nil {
-		return fmt.Errorf("pgstore: migrate %s: %w", cfg.table.quoted, err)
-	}
-	if _, err := tx.Exec(ctx, OutboxSchema(strings.Join(cfg.outbox.parts, "."))); err != nil {
-		return fmt.Errorf("pgstore: migrate %s: %w", cfg.outbox.quoted, err)
-	}
-	states := pgname.Table{Parts: cfg.table.parts}.Sibling(DefaultStateTable)
-	if _, err := tx.Exec(ctx, StateSchema(states.String())); err != nil {
-		return fmt.Errorf("pgstore: migrate %s: %w", states.Quoted(), err)
+	for _, p := range parts {
+		names := make([]string, len(p.relations))
+		for i, r := range p.relations {
+			names[i] = r.Quoted()
+		}
+		var missing bool
+		if err := tx.QueryRow(ctx, missingSQL, names).Scan(&missing); err != nil {
+			return fmt.Errorf("pgstore: migrate %s: %w", p.name.Quoted(), err)
+		}
+		sql := p.sql
+		if !missing {
+			sql = p.always
+		}
+		if sql == "" {
+			continue
+		}
+		// Without arguments Exec uses the simple protocol, which takes
+		// several statements at once.
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("pgstore: migrate %s: %w", p.name.Quoted(), err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	return nil
+}
+
+// missingSQL tells whether any of the relations named $1 (quoted,
+// schema-qualified or found on the search path, as the schema's statements
+// find them) is missing. to_regclass takes no lock.
+const missingSQL = `SELECT bool_or(to_regclass(n) IS NULL) FROM unnest($1::text[]) AS n`
+
+// acquireFunction returns the statement of RecordsSchema(name) that creates
+// or replaces the acquire function: the last of schema.sql, from its
+// CREATE OR REPLACE FUNCTION to the end. It takes no lock on a table.
+func acquireFunction(name string) string {
+	sql := RecordsSchema(name)
+	return sql[strings.LastIndex(sql, "CREATE OR REPLACE FUNCTION"):]
 }

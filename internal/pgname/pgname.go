@@ -65,8 +65,13 @@ func (t Table) ExpiresAtIndex() string { return t.Index("expires_at") }
 // name, an underscore, what and "_idx", cut to MaxLen, without the schema
 // (an index lives in its table's).
 func (t Table) Index(what string) string {
-	return pgx.Identifier{truncate(t.Name() + "_" + what + "_idx")}.Sanitize()
+	return pgx.Identifier{t.IndexName(what)}.Sanitize()
 }
+
+// IndexName returns the name of the table's index on what, unquoted, as
+// PostgreSQL's catalog holds it (pg_class.relname): Index without the
+// quotes.
+func (t Table) IndexName(what string) string { return truncate(t.Name() + "_" + what + "_idx") }
 
 // Sibling returns the table named name in t's schema.
 func (t Table) Sibling(name string) Table {
