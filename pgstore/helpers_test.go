@@ -72,3 +72,19 @@ func newPoolOn(t *testing.T, url string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	return pgtest.PoolOn(t, url, func(c *pgxpool.Config) { c.MaxConns = maxConns })
 }
+
+// migratedIn returns a pool on a database of its own in which schema
+// "billing" exists and Migrate has run with WithTable("billing."+name),
+// and that option.
+func migratedIn(t *testing.T, name string) (*pgxpool.Pool, pgstore.Option) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA billing`); err != nil {
+		t.Fatal(err)
+	}
+	opt := pgstore.WithTable("billing." + name)
+	if err := pgstore.Migrate(ctx, pool, opt); err != nil {
+		t.Fatal(err)
+	}
+	return pool, opt
+}

@@ -18,14 +18,7 @@ import (
 // deadlocked with a transaction that wrote the outbox and then the records
 // (seen as "deadlock detected" from a consumer starting mid-traffic).
 func TestMigrateBesideWriters(t *testing.T) {
-	pool := pgtest.Pool(t)
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA billing`); err != nil {
-		t.Fatal(err)
-	}
-	opt := pgstore.WithTable("billing.Idem")
-	if err := pgstore.Migrate(ctx, pool, opt); err != nil {
-		t.Fatal(err)
-	}
+	pool, opt := migratedIn(t, "Idem")
 	writer, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-idempotency/idempotency/internal/pgtest"
 	"github.com/go-idempotency/idempotency/pgstore"
 )
 
@@ -48,14 +47,7 @@ func TestStateSchema(t *testing.T) {
 // a row written between the two runs is still there. The tables refuse a
 // version below 1 (below 2 in the history), and data that is not JSON.
 func TestMigrateState(t *testing.T) {
-	pool := pgtest.Pool(t)
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA billing`); err != nil {
-		t.Fatal(err)
-	}
-	opt := pgstore.WithTable("billing.idem")
-	if err := pgstore.Migrate(ctx, pool, opt); err != nil {
-		t.Fatal(err)
-	}
+	pool, opt := migratedIn(t, "idem")
 	if _, err := pool.Exec(ctx, `INSERT INTO billing.idempotency_state VALUES ('acme', 'payments.payment', 'pay_1', 'authorized', 1, '{"amount": 1999}', now(), now())`); err != nil {
 		t.Fatal(err)
 	}
